@@ -1,0 +1,18 @@
+//! The library behind chalk-shim: it drives gVisor's `runsc` and knows nothing of ttrpc.
+//!
+//! - [`options`]: the runtime options file (TOML) and the runsc flags it turns into.
+//! - [`runsc`]: typed runsc operations, argv built in one place, capability detection.
+//! - [`state`]: the process lifecycle state machine.
+//! - [`bundle`]: what the shim persists in the bundle so a later `delete` can clean up.
+//! - [`stats`]: runsc's statistics output.
+//! - [`ids`]: validation of container and exec ids before they reach a path or argv.
+
+pub mod bundle;
+pub mod error;
+pub mod ids;
+pub mod options;
+pub mod runsc;
+pub mod state;
+pub mod stats;
+
+pub use error::{Error, Result};

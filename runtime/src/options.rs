@@ -1,0 +1,243 @@
+//! Runtime options: a TOML file in the shape of gVisor's `runsc.toml`.
+//!
+//! ```toml
+//! binary_name = "/usr/bin/runsc"   # runsc to run (a name is looked up on PATH)
+//! root = "/run/chalk"              # runsc state root; one directory per namespace below it
+//! log_level = "info"               # the shim's own log level: error, warn, info, debug, trace
+//! [runsc_config]                   # each key becomes a global runsc flag: --key=value
+//! platform = "ptrace"
+//! network = "none"
+//! ```
+//!
+//! Unknown keys and bad values are errors that name them: a typo must not silently fall back
+//! to a default that widens what a sandbox can do.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Where the shim looks when containerd passes no options.
+pub const DEFAULT_PATH: &str = "/etc/containerd/chalk.toml";
+/// Overrides [`DEFAULT_PATH`]; it reaches the shim through containerd's environment.
+pub const PATH_ENV: &str = "CHALK_SHIM_CONFIG";
+
+const DEFAULT_BINARY: &str = "runsc";
+const DEFAULT_ROOT: &str = "/run/chalk";
+
+/// runsc flags the shim sets itself: a user value would break state tracking or error capture.
+const RESERVED_FLAGS: &[(&str, &str)] = &[
+    ("root", "use the top-level `root` option"),
+    ("log", "the shim passes its own log file to capture runsc's errors"),
+    ("log-format", "the shim reads runsc's log as json"),
+    ("log-fd", "the shim passes its own log file to capture runsc's errors"),
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeOptions {
+    #[serde(default = "default_binary")]
+    pub binary_name: String,
+    #[serde(default = "default_root")]
+    pub root: PathBuf,
+    #[serde(default)]
+    pub log_level: Option<String>,
+    #[serde(default)]
+    pub runsc_config: BTreeMap<String, toml::Value>,
+}
+
+fn default_binary() -> String {
+    DEFAULT_BINARY.to_string()
+}
+
+fn default_root() -> PathBuf {
+    PathBuf::from(DEFAULT_ROOT)
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            binary_name: default_binary(),
+            root: default_root(),
+            log_level: None,
+            runsc_config: BTreeMap::new(),
+        }
+    }
+}
+
+impl RuntimeOptions {
+    /// Parses and validates options text; `source_name` (a path, usually) goes into errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<Self> {
+        let err = |message: String| Error::Options {
+            source_name: source_name.to_string(),
+            message,
+        };
+        let opts: RuntimeOptions = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        opts.validate().map_err(err)?;
+        Ok(opts)
+    }
+
+    /// Reads the file at `path`.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Options {
+            source_name: path.display().to_string(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The options the shim uses when containerd passes none: the file named by
+    /// `CHALK_SHIM_CONFIG`, else `/etc/containerd/chalk.toml` if it exists, else built-in defaults.
+    pub fn load_default() -> Result<Self> {
+        if let Some(path) = std::env::var_os(PATH_ENV).filter(|p| !p.is_empty()) {
+            return Self::load(std::path::Path::new(&path));
+        }
+        let path = std::path::Path::new(DEFAULT_PATH);
+        if path.exists() {
+            return Self::load(path);
+        }
+        Ok(Self::default())
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.binary_name.trim().is_empty() {
+            return Err("binary_name must not be empty".into());
+        }
+        if !self.root.is_absolute() {
+            return Err(format!(
+                "root must be an absolute path, got {:?}",
+                self.root
+            ));
+        }
+        if let Some(level) = &self.log_level {
+            if level.parse::<log::LevelFilter>().is_err() {
+                return Err(format!(
+                    "log_level {level:?} is not one of off, error, warn, info, debug, trace"
+                ));
+            }
+        }
+        self.runsc_flags().map(|_| ())
+    }
+
+    /// The `[runsc_config]` table as global runsc flags, in a stable (sorted) order.
+    pub fn runsc_flags(&self) -> std::result::Result<Vec<String>, String> {
+        let mut flags = Vec::with_capacity(self.runsc_config.len());
+        for (key, value) in &self.runsc_config {
+            if !valid_flag_name(key) {
+                return Err(format!(
+                    "runsc_config key {key:?} is not a runsc flag name (lowercase letters, digits, '-', '_', '.')"
+                ));
+            }
+            if let Some((_, why)) = RESERVED_FLAGS.iter().find(|(name, _)| name == key) {
+                return Err(format!("runsc_config key {key:?} is set by the shim: {why}"));
+            }
+            let value = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Boolean(b) => b.to_string(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => {
+                    return Err(format!(
+                        "runsc_config key {key:?} has a {} value; use a string, boolean or number",
+                        other.type_str()
+                    ))
+                }
+            };
+            flags.push(format!("--{key}={value}"));
+        }
+        Ok(flags)
+    }
+
+    /// The runsc `--root` for one containerd namespace, so namespaces never see each other's ids.
+    pub fn runsc_root(&self, namespace: &str) -> Result<PathBuf> {
+        crate::ids::validate("namespace", namespace)?;
+        Ok(self.root.join(namespace))
+    }
+}
+
+fn valid_flag_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let o = RuntimeOptions::parse("", "t").unwrap();
+        assert_eq!(o, RuntimeOptions::default());
+        assert_eq!(o.binary_name, "runsc");
+        assert_eq!(o.runsc_root("k8s.io").unwrap(), PathBuf::from("/run/chalk/k8s.io"));
+    }
+
+    #[test]
+    fn runsc_config_becomes_sorted_flags() {
+        let o = RuntimeOptions::parse(
+            r#"
+binary_name = "/usr/bin/runsc"
+root = "/run/x"
+log_level = "debug"
+[runsc_config]
+platform = "ptrace"
+network = "none"
+debug = true
+num-network-channels = 2
+"#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            o.runsc_flags().unwrap(),
+            vec![
+                "--debug=true",
+                "--network=none",
+                "--num-network-channels=2",
+                "--platform=ptrace"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = RuntimeOptions::parse("binary = \"runsc\"", "/etc/x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/etc/x.toml") && err.contains("binary"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (text, needle) in [
+            ("root = \"relative\"", "root"),
+            ("log_level = \"loud\"", "loud"),
+            ("binary_name = \"\"", "binary_name"),
+            ("[runsc_config]\nplatform = [\"a\"]", "platform"),
+            ("[runsc_config]\n\"Bad Key\" = \"x\"", "Bad Key"),
+            ("[runsc_config]\nroot = \"/tmp\"", "root"),
+            ("[runsc_config]\nlog-format = \"text\"", "log-format"),
+            ("root = 3", "root"),
+        ] {
+            let err = RuntimeOptions::parse(text, "t").unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn namespace_cannot_escape_root() {
+        let o = RuntimeOptions::default();
+        assert!(o.runsc_root("../etc").is_err());
+        assert!(o.runsc_root("").is_err());
+    }
+
+    #[test]
+    fn load_reports_missing_file() {
+        let err = RuntimeOptions::load(std::path::Path::new("/nonexistent/chalk.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/chalk.toml") && err.contains("cannot read"), "{err}");
+    }
+}

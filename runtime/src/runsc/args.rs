@@ -1,0 +1,240 @@
+//! Every runsc command line is built here and nowhere else. Pure: no I/O, unit-tested.
+
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+};
+
+/// Flags that go before the subcommand on every call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalArgs {
+    /// runsc's state directory (`--root`).
+    pub root: PathBuf,
+    /// `--key=value` flags from the runtime options' `[runsc_config]`.
+    pub flags: Vec<String>,
+}
+
+/// One runsc operation with its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op<'a> {
+    Create {
+        id: &'a str,
+        bundle: &'a Path,
+        pid_file: &'a Path,
+        console_socket: Option<&'a Path>,
+    },
+    Start {
+        id: &'a str,
+    },
+    State {
+        id: &'a str,
+    },
+    Kill {
+        id: &'a str,
+        signal: u32,
+        all: bool,
+        /// A process of the sandbox (its root pid namespace) instead of the container's init.
+        pid: Option<i32>,
+    },
+    Delete {
+        id: &'a str,
+        force: bool,
+    },
+    /// Runs in the foreground: runsc exits with the process's status (128+signal if killed).
+    Exec {
+        id: &'a str,
+        process_spec: &'a Path,
+        internal_pid_file: &'a Path,
+        console_socket: Option<&'a Path>,
+    },
+    Ps {
+        id: &'a str,
+    },
+    Pause {
+        id: &'a str,
+    },
+    Resume {
+        id: &'a str,
+    },
+    Stats {
+        id: &'a str,
+    },
+}
+
+impl Op<'_> {
+    /// The subcommand name, also used in logs and error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Create { .. } => "create",
+            Op::Start { .. } => "start",
+            Op::State { .. } => "state",
+            Op::Kill { .. } => "kill",
+            Op::Delete { .. } => "delete",
+            Op::Exec { .. } => "exec",
+            Op::Ps { .. } => "ps",
+            Op::Pause { .. } => "pause",
+            Op::Resume { .. } => "resume",
+            Op::Stats { .. } => "events",
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        match self {
+            Op::Create { id, .. }
+            | Op::Start { id }
+            | Op::State { id }
+            | Op::Kill { id, .. }
+            | Op::Delete { id, .. }
+            | Op::Exec { id, .. }
+            | Op::Ps { id }
+            | Op::Pause { id }
+            | Op::Resume { id }
+            | Op::Stats { id } => id,
+        }
+    }
+}
+
+/// The full argv (without the binary) for `op`, with runsc's own log going to `log_file` as
+/// JSON so that a failure's reason can be read back.
+pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec![
+        "--root".into(),
+        global.root.clone().into(),
+        "--log".into(),
+        log_file.into(),
+        "--log-format=json".into(),
+    ];
+    a.extend(global.flags.iter().map(OsString::from));
+    a.push(op.name().into());
+    let console = |a: &mut Vec<OsString>, socket: &Option<&Path>| {
+        if let Some(s) = socket {
+            a.push("--console-socket".into());
+            a.push(s.into());
+        }
+    };
+    match op {
+        Op::Create {
+            bundle,
+            pid_file,
+            console_socket,
+            ..
+        } => {
+            a.extend(["--bundle".into(), bundle.into()]);
+            a.extend(["--pid-file".into(), pid_file.into()]);
+            console(&mut a, console_socket);
+        }
+        Op::Kill { all, pid, .. } => {
+            if *all {
+                a.push("--all".into());
+            }
+            if let Some(pid) = pid {
+                a.push(format!("--pid={pid}").into());
+            }
+        }
+        Op::Delete { force, .. } => {
+            if *force {
+                a.push("--force".into());
+            }
+        }
+        Op::Exec {
+            process_spec,
+            internal_pid_file,
+            console_socket,
+            ..
+        } => {
+            a.extend(["--process".into(), process_spec.into()]);
+            a.extend(["--internal-pid-file".into(), internal_pid_file.into()]);
+            console(&mut a, console_socket);
+        }
+        Op::Ps { .. } => a.push("--format=json".into()),
+        Op::Stats { .. } => a.push("--stats".into()),
+        Op::Start { .. } | Op::State { .. } | Op::Pause { .. } | Op::Resume { .. } => {}
+    }
+    // Go's flag parser stops at the first positional argument: the id goes last but for kill.
+    a.push(op.id().into());
+    if let Op::Kill { signal, .. } = op {
+        a.push(signal.to_string().into());
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn global() -> GlobalArgs {
+        GlobalArgs {
+            root: "/run/chalk/default".into(),
+            flags: vec!["--platform=ptrace".into(), "--network=none".into()],
+        }
+    }
+
+    fn render(op: Op) -> String {
+        argv(&global(), Path::new("/b/log.json"), &op)
+            .iter()
+            .map(|s| s.to_str().unwrap())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    const G: &str =
+        "--root /run/chalk/default --log /b/log.json --log-format=json --platform=ptrace --network=none";
+
+    #[test]
+    fn create_with_and_without_console() {
+        assert_eq!(
+            render(Op::Create {
+                id: "c1",
+                bundle: Path::new("/b"),
+                pid_file: Path::new("/b/init.pid"),
+                console_socket: None
+            }),
+            format!("{G} create --bundle /b --pid-file /b/init.pid c1")
+        );
+        assert_eq!(
+            render(Op::Create {
+                id: "c1",
+                bundle: Path::new("/b"),
+                pid_file: Path::new("/b/init.pid"),
+                console_socket: Some(Path::new("/tmp/s.sock"))
+            }),
+            format!("{G} create --bundle /b --pid-file /b/init.pid --console-socket /tmp/s.sock c1")
+        );
+    }
+
+    #[test]
+    fn kill_puts_flags_before_id_and_signal_last() {
+        assert_eq!(
+            render(Op::Kill { id: "c1", signal: 9, all: false, pid: None }),
+            format!("{G} kill c1 9")
+        );
+        assert_eq!(
+            render(Op::Kill { id: "c1", signal: 15, all: true, pid: None }),
+            format!("{G} kill --all c1 15")
+        );
+        assert_eq!(
+            render(Op::Kill { id: "c1", signal: 2, all: false, pid: Some(7) }),
+            format!("{G} kill --pid=7 c1 2")
+        );
+    }
+
+    #[test]
+    fn other_ops() {
+        assert_eq!(render(Op::Start { id: "c" }), format!("{G} start c"));
+        assert_eq!(render(Op::State { id: "c" }), format!("{G} state c"));
+        assert_eq!(render(Op::Delete { id: "c", force: true }), format!("{G} delete --force c"));
+        assert_eq!(render(Op::Ps { id: "c" }), format!("{G} ps --format=json c"));
+        assert_eq!(render(Op::Pause { id: "c" }), format!("{G} pause c"));
+        assert_eq!(render(Op::Resume { id: "c" }), format!("{G} resume c"));
+        assert_eq!(render(Op::Stats { id: "c" }), format!("{G} events --stats c"));
+        assert_eq!(
+            render(Op::Exec {
+                id: "c",
+                process_spec: Path::new("/b/exec-e1.json"),
+                internal_pid_file: Path::new("/b/exec-e1.pid"),
+                console_socket: None
+            }),
+            format!("{G} exec --process /b/exec-e1.json --internal-pid-file /b/exec-e1.pid c")
+        );
+    }
+}

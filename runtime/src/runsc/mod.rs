@@ -1,0 +1,419 @@
+//! A typed driver for runsc. Argument building lives in [`args`], capability detection in
+//! [`features`]; this module only spawns, waits, and turns failures into errors that carry
+//! runsc's own reason (read back from its JSON log).
+
+pub mod args;
+pub mod features;
+pub mod spawn;
+
+use std::{
+    fs::File,
+    io::Read,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Instant,
+};
+
+pub use args::{GlobalArgs, Op};
+pub use features::Features;
+pub use spawn::{Child, Spawner, StdSpawner};
+
+use crate::{stats::StatsEvent, Error, Result};
+
+static LOG_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The stdio a runsc command passes on to the container process it creates.
+#[derive(Debug, Default)]
+pub struct ProcessStdio {
+    pub stdin: Option<File>,
+    pub stdout: Option<File>,
+    pub stderr: Option<File>,
+}
+
+impl ProcessStdio {
+    fn apply(self, cmd: &mut Command) {
+        let to_stdio = |f: Option<File>| f.map_or_else(Stdio::null, Stdio::from);
+        cmd.stdin(to_stdio(self.stdin))
+            .stdout(to_stdio(self.stdout))
+            .stderr(to_stdio(self.stderr));
+    }
+}
+
+/// `runsc state` output.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct State {
+    pub id: String,
+    pub status: String,
+    #[serde(default)]
+    pub pid: i32,
+}
+
+/// A foreground `runsc exec`: its exit status is the process's.
+pub struct ExecChild {
+    pub child: Box<dyn Child>,
+    log_file: PathBuf,
+}
+
+impl ExecChild {
+    /// Why runsc exec failed, from its log, once it has exited without starting the process.
+    pub fn failure_reason(&self) -> String {
+        last_error(&self.log_file).unwrap_or_else(|| "runsc exec gave no reason".into())
+    }
+}
+
+impl Drop for ExecChild {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.log_file);
+    }
+}
+
+#[derive(Clone)]
+pub struct Runsc {
+    binary: PathBuf,
+    global: GlobalArgs,
+    /// Where per-command log files go (the bundle: private to this container).
+    log_dir: PathBuf,
+    spawner: Arc<dyn Spawner>,
+}
+
+impl std::fmt::Debug for Runsc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runsc")
+            .field("binary", &self.binary)
+            .field("global", &self.global)
+            .finish()
+    }
+}
+
+impl Runsc {
+    pub fn new(
+        binary: impl Into<PathBuf>,
+        global: GlobalArgs,
+        log_dir: impl Into<PathBuf>,
+        spawner: Arc<dyn Spawner>,
+    ) -> Self {
+        Runsc {
+            binary: binary.into(),
+            global,
+            log_dir: log_dir.into(),
+            spawner,
+        }
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    pub fn global(&self) -> &GlobalArgs {
+        &self.global
+    }
+
+    /// Reads what this runsc supports (version and global flags).
+    pub fn features(&self) -> Result<Features> {
+        let version = self.plain(&["--version"])?;
+        let flags = self.plain(&["flags"])?;
+        Ok(Features::from_outputs(&version, &flags))
+    }
+
+    /// Runs runsc with bare arguments (no root, no log) and returns its stdout.
+    fn plain(&self, args: &[&str]) -> Result<String> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let (status, out) = self.collect(&mut cmd)?;
+        if status != 0 {
+            return Err(Error::Runsc {
+                op: "probe",
+                id: args.join(" "),
+                status,
+                message: String::from_utf8_lossy(&out).into_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    fn log_file(&self, op: &Op) -> PathBuf {
+        let n = LOG_COUNTER.fetch_add(1, Ordering::Relaxed);
+        self.log_dir
+            .join(format!(".runsc-{}-{}-{n}.log", op.name(), std::process::id()))
+    }
+
+    fn command(&self, op: &Op, log_file: &Path) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(args::argv(&self.global, log_file, op));
+        cmd
+    }
+
+    fn spawn(&self, cmd: &mut Command) -> Result<Box<dyn Child>> {
+        self.spawner.spawn(cmd).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::RunscMissing {
+                    binary: self.binary.clone(),
+                    source: e,
+                }
+            } else {
+                Error::io(format!("spawn {}", self.binary.display()), e)
+            }
+        })
+    }
+
+    fn collect(&self, cmd: &mut Command) -> Result<(i32, Vec<u8>)> {
+        let mut child = self.spawn(cmd)?;
+        let mut out = Vec::new();
+        if let Some(mut stdout) = child.take_stdout() {
+            stdout
+                .read_to_end(&mut out)
+                .map_err(|e| Error::io("read runsc output", e))?;
+        }
+        let status = child
+            .wait()
+            .map_err(|e| Error::io("wait for runsc", e))?;
+        Ok((status, out))
+    }
+
+    /// Runs `op` to completion. With `stdio` None, runsc's stdout is captured and returned.
+    fn run(&self, op: Op, stdio: Option<ProcessStdio>) -> Result<Vec<u8>> {
+        let log_file = self.log_file(&op);
+        let mut cmd = self.command(&op, &log_file);
+        match stdio {
+            Some(io) => io.apply(&mut cmd),
+            None => {
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null());
+            }
+        }
+        let started = Instant::now();
+        let result = self.collect(&mut cmd);
+        log::debug!(
+            "runsc {:?} took {:?}",
+            cmd.get_args().collect::<Vec<_>>(),
+            started.elapsed()
+        );
+        let outcome = match result {
+            Ok((0, out)) => Ok(out),
+            Ok((status, _)) => Err(Error::Runsc {
+                op: op.name(),
+                id: op.id().to_string(),
+                status,
+                message: last_error(&log_file).unwrap_or_else(|| "no reason logged".into()),
+            }),
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&log_file);
+        outcome
+    }
+
+    pub fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        stdio: ProcessStdio,
+        console_socket: Option<&Path>,
+    ) -> Result<()> {
+        self.run(
+            Op::Create {
+                id,
+                bundle,
+                pid_file,
+                console_socket,
+            },
+            Some(stdio),
+        )
+        .map(drop)
+    }
+
+    pub fn start(&self, id: &str) -> Result<()> {
+        self.run(Op::Start { id }, None).map(drop)
+    }
+
+    pub fn state(&self, id: &str) -> Result<State> {
+        let out = self.run(Op::State { id }, None)?;
+        serde_json::from_slice(&out).map_err(|e| Error::parse("runsc state output", e))
+    }
+
+    pub fn kill(&self, id: &str, signal: u32, all: bool, pid: Option<i32>) -> Result<()> {
+        self.run(
+            Op::Kill {
+                id,
+                signal,
+                all,
+                pid,
+            },
+            None,
+        )
+        .map(drop)
+    }
+
+    pub fn delete(&self, id: &str, force: bool) -> Result<()> {
+        self.run(Op::Delete { id, force }, None).map(drop)
+    }
+
+    pub fn pause(&self, id: &str) -> Result<()> {
+        self.run(Op::Pause { id }, None).map(drop)
+    }
+
+    pub fn resume(&self, id: &str) -> Result<()> {
+        self.run(Op::Resume { id }, None).map(drop)
+    }
+
+    /// Pids of the sandbox's processes, in its root pid namespace.
+    pub fn ps(&self, id: &str) -> Result<Vec<i32>> {
+        let out = self.run(Op::Ps { id }, None)?;
+        let text = String::from_utf8_lossy(&out);
+        let text = text.trim();
+        if text.is_empty() || text == "null" {
+            return Ok(Vec::new());
+        }
+        serde_json::from_str(text).map_err(|e| Error::parse("runsc ps output", e))
+    }
+
+    pub fn stats(&self, id: &str) -> Result<StatsEvent> {
+        let out = self.run(Op::Stats { id }, None)?;
+        crate::stats::parse(&out)
+    }
+
+    /// Starts a foreground `runsc exec`; it returns once runsc is spawned, not when the process
+    /// inside has started: poll `internal_pid_file` for that.
+    pub fn exec(
+        &self,
+        id: &str,
+        process_spec: &Path,
+        internal_pid_file: &Path,
+        stdio: ProcessStdio,
+        console_socket: Option<&Path>,
+    ) -> Result<ExecChild> {
+        let op = Op::Exec {
+            id,
+            process_spec,
+            internal_pid_file,
+            console_socket,
+        };
+        let log_file = self.log_file(&op);
+        let mut cmd = self.command(&op, &log_file);
+        stdio.apply(&mut cmd);
+        log::debug!("runsc {:?}", cmd.get_args().collect::<Vec<_>>());
+        let child = self.spawn(&mut cmd)?;
+        Ok(ExecChild { child, log_file })
+    }
+}
+
+/// The message of the last error-level line of a runsc JSON log, else of its last line.
+pub fn last_error(log_file: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log_file).ok()?;
+    parse_last_error(&text)
+}
+
+fn parse_last_error(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        msg: String,
+        #[serde(default)]
+        level: String,
+    }
+    let lines: Vec<Line> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    lines
+        .iter()
+        .rev()
+        .find(|l| l.level == "error" || l.level == "fatal")
+        .or(lines.last())
+        .map(|l| l.msg.clone())
+        .or_else(|| text.lines().last().map(str::to_string))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_error_prefers_error_level() {
+        let log = concat!(
+            r#"{"msg":"starting","level":"info","time":"t"}"#,
+            "\n",
+            r#"{"msg":"reading spec: no such file","level":"error","time":"t"}"#,
+            "\n",
+            r#"{"msg":"exiting","level":"info","time":"t"}"#
+        );
+        assert_eq!(parse_last_error(log).unwrap(), "reading spec: no such file");
+        assert_eq!(parse_last_error("plain text failure").unwrap(), "plain text failure");
+        assert!(parse_last_error("").is_none());
+    }
+
+    fn fake_runsc(dir: &Path, script: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("runsc");
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn runsc(dir: &Path, script: &str) -> Runsc {
+        Runsc::new(
+            fake_runsc(dir, script),
+            GlobalArgs {
+                root: dir.join("root"),
+                flags: vec![],
+            },
+            dir,
+            Arc::new(StdSpawner),
+        )
+    }
+
+    #[test]
+    fn failure_carries_runsc_reason_and_removes_log() {
+        let dir = tempfile::tempdir().unwrap();
+        // The fake writes a JSON error into the file after --log, as runsc does.
+        let r = runsc(
+            dir.path(),
+            r#"echo '{"msg":"container \"c1\" does not exist","level":"error"}' > "$4"; exit 128"#,
+        );
+        let err = r.start("c1").unwrap_err().to_string();
+        assert!(err.contains("runsc start c1") && err.contains("128"), "{err}");
+        assert!(err.contains("does not exist"), "{err}");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn parses_ps_and_state_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = runsc(dir.path(), "echo '[1,4]'");
+        assert_eq!(r.ps("c").unwrap(), vec![1, 4]);
+        let r = runsc(
+            dir.path(),
+            r#"echo '{"ociVersion":"1.0.2","id":"c","status":"running","pid":42,"bundle":"/b"}'"#,
+        );
+        let s = r.state("c").unwrap();
+        assert_eq!((s.status.as_str(), s.pid), ("running", 42));
+    }
+
+    #[test]
+    fn missing_binary_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Runsc::new(
+            "/nonexistent/runsc",
+            GlobalArgs {
+                root: dir.path().into(),
+                flags: vec![],
+            },
+            dir.path(),
+            Arc::new(StdSpawner),
+        );
+        let err = r.start("c").unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/runsc") && err.contains("binary_name"), "{err}");
+    }
+}
