@@ -1,1 +1,10 @@
+//! Test harness for chalk-shim: a private containerd with the shim registered, and a tiny OCI
+//! image built from the host's static busybox (no registry is needed or reached).
 
+pub mod containerd;
+pub mod image;
+
+pub use containerd::{Containerd, CtrOutput};
+
+/// The runtime name containerd knows the shim by.
+pub const RUNTIME: &str = "io.containerd.chalk.v1";

@@ -23,6 +23,9 @@ pub struct Record {
     pub flags: Vec<String>,
     /// Whether the shim mounted the rootfs under `<bundle>/rootfs` (and must unmount it).
     pub rootfs_mounted: bool,
+    /// A network namespace the shim made for the sandbox (and must remove).
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
 }
 
 impl Record {
@@ -69,6 +72,7 @@ mod tests {
             root: "/run/chalk/default".into(),
             flags: vec!["--platform=ptrace".into()],
             rootfs_mounted: true,
+            netns: Some("/run/chalk/.netns/default-c1".into()),
         };
         r.write(dir.path()).unwrap();
         assert_eq!(Record::read(dir.path()).unwrap(), Some(r));

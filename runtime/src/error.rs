@@ -11,7 +11,10 @@ pub enum Error {
     },
 
     #[error("runtime options {source_name}: {message}")]
-    Options { source_name: String, message: String },
+    Options {
+        source_name: String,
+        message: String,
+    },
 
     #[error("runsc {op} {id}: exited with status {status}: {message}")]
     Runsc {

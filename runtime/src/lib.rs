@@ -10,6 +10,7 @@
 pub mod bundle;
 pub mod error;
 pub mod ids;
+pub mod netns;
 pub mod options;
 pub mod runsc;
 pub mod state;

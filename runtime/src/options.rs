@@ -29,9 +29,15 @@ const DEFAULT_ROOT: &str = "/run/chalk";
 /// runsc flags the shim sets itself: a user value would break state tracking or error capture.
 const RESERVED_FLAGS: &[(&str, &str)] = &[
     ("root", "use the top-level `root` option"),
-    ("log", "the shim passes its own log file to capture runsc's errors"),
+    (
+        "log",
+        "the shim passes its own log file to capture runsc's errors",
+    ),
     ("log-format", "the shim reads runsc's log as json"),
-    ("log-fd", "the shim passes its own log file to capture runsc's errors"),
+    (
+        "log-fd",
+        "the shim passes its own log file to capture runsc's errors",
+    ),
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,7 +136,9 @@ impl RuntimeOptions {
                 ));
             }
             if let Some((_, why)) = RESERVED_FLAGS.iter().find(|(name, _)| name == key) {
-                return Err(format!("runsc_config key {key:?} is set by the shim: {why}"));
+                return Err(format!(
+                    "runsc_config key {key:?} is set by the shim: {why}"
+                ));
             }
             let value = match value {
                 toml::Value::String(s) => s.clone(),
@@ -171,7 +179,10 @@ mod tests {
         let o = RuntimeOptions::parse("", "t").unwrap();
         assert_eq!(o, RuntimeOptions::default());
         assert_eq!(o.binary_name, "runsc");
-        assert_eq!(o.runsc_root("k8s.io").unwrap(), PathBuf::from("/run/chalk/k8s.io"));
+        assert_eq!(
+            o.runsc_root("k8s.io").unwrap(),
+            PathBuf::from("/run/chalk/k8s.io")
+        );
     }
 
     #[test]
@@ -206,7 +217,10 @@ num-network-channels = 2
         let err = RuntimeOptions::parse("binary = \"runsc\"", "/etc/x.toml")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("/etc/x.toml") && err.contains("binary"), "{err}");
+        assert!(
+            err.contains("/etc/x.toml") && err.contains("binary"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -238,6 +252,9 @@ num-network-channels = 2
         let err = RuntimeOptions::load(std::path::Path::new("/nonexistent/chalk.toml"))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("/nonexistent/chalk.toml") && err.contains("cannot read"), "{err}");
+        assert!(
+            err.contains("/nonexistent/chalk.toml") && err.contains("cannot read"),
+            "{err}"
+        );
     }
 }

@@ -101,7 +101,10 @@ mod tests {
             (Stopped, Resume),
         ] {
             let err = transition("c1", from, ev).unwrap_err().to_string();
-            assert!(err.contains("c1") && err.contains(&from.to_string()), "{err}");
+            assert!(
+                err.contains("c1") && err.contains(&from.to_string()),
+                "{err}"
+            );
         }
     }
 

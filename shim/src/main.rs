@@ -1,1 +1,17 @@
-fn main() {}
+//! containerd-shim-chalk-v1: containerd's `io.containerd.chalk.v1` runtime, running each
+//! container (or each Kubernetes pod) in a gVisor sandbox through runsc.
+
+mod container;
+mod errors;
+mod events;
+mod io;
+mod metrics;
+mod oom;
+mod reaper;
+mod runtime_options;
+mod service;
+mod task;
+
+fn main() {
+    containerd_shim::run::<service::Service>("io.containerd.chalk.v1", None);
+}

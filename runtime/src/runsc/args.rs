@@ -198,22 +198,39 @@ mod tests {
                 pid_file: Path::new("/b/init.pid"),
                 console_socket: Some(Path::new("/tmp/s.sock"))
             }),
-            format!("{G} create --bundle /b --pid-file /b/init.pid --console-socket /tmp/s.sock c1")
+            format!(
+                "{G} create --bundle /b --pid-file /b/init.pid --console-socket /tmp/s.sock c1"
+            )
         );
     }
 
     #[test]
     fn kill_puts_flags_before_id_and_signal_last() {
         assert_eq!(
-            render(Op::Kill { id: "c1", signal: 9, all: false, pid: None }),
+            render(Op::Kill {
+                id: "c1",
+                signal: 9,
+                all: false,
+                pid: None
+            }),
             format!("{G} kill c1 9")
         );
         assert_eq!(
-            render(Op::Kill { id: "c1", signal: 15, all: true, pid: None }),
+            render(Op::Kill {
+                id: "c1",
+                signal: 15,
+                all: true,
+                pid: None
+            }),
             format!("{G} kill --all c1 15")
         );
         assert_eq!(
-            render(Op::Kill { id: "c1", signal: 2, all: false, pid: Some(7) }),
+            render(Op::Kill {
+                id: "c1",
+                signal: 2,
+                all: false,
+                pid: Some(7)
+            }),
             format!("{G} kill --pid=7 c1 2")
         );
     }
@@ -222,11 +239,23 @@ mod tests {
     fn other_ops() {
         assert_eq!(render(Op::Start { id: "c" }), format!("{G} start c"));
         assert_eq!(render(Op::State { id: "c" }), format!("{G} state c"));
-        assert_eq!(render(Op::Delete { id: "c", force: true }), format!("{G} delete --force c"));
-        assert_eq!(render(Op::Ps { id: "c" }), format!("{G} ps --format=json c"));
+        assert_eq!(
+            render(Op::Delete {
+                id: "c",
+                force: true
+            }),
+            format!("{G} delete --force c")
+        );
+        assert_eq!(
+            render(Op::Ps { id: "c" }),
+            format!("{G} ps --format=json c")
+        );
         assert_eq!(render(Op::Pause { id: "c" }), format!("{G} pause c"));
         assert_eq!(render(Op::Resume { id: "c" }), format!("{G} resume c"));
-        assert_eq!(render(Op::Stats { id: "c" }), format!("{G} events --stats c"));
+        assert_eq!(
+            render(Op::Stats { id: "c" }),
+            format!("{G} events --stats c")
+        );
         assert_eq!(
             render(Op::Exec {
                 id: "c",

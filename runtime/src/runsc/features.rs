@@ -77,13 +77,20 @@ mod tests {
     fn checks_flags_against_binary() {
         let f = Features::from_outputs("runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n", FLAGS);
         assert_eq!(f.version, "runsc version 0.0~20221219.0");
-        assert!(f.check_flags(&["--platform=ptrace".into(), "--debug=true".into()]).is_ok());
+        assert!(f
+            .check_flags(&["--platform=ptrace".into(), "--debug=true".into()])
+            .is_ok());
         let err = f.check_flags(&["--plattform=ptrace".into()]).unwrap_err();
-        assert!(err.contains("plattform") && err.contains("20221219"), "{err}");
+        assert!(
+            err.contains("plattform") && err.contains("20221219"),
+            "{err}"
+        );
     }
 
     #[test]
     fn unknown_listing_defers_to_runsc() {
-        assert!(Features::default().check_flags(&["--anything=1".into()]).is_ok());
+        assert!(Features::default()
+            .check_flags(&["--anything=1".into()])
+            .is_ok());
     }
 }

@@ -52,13 +52,32 @@ pub struct State {
     pub pid: i32,
 }
 
-/// A foreground `runsc exec`: its exit status is the process's.
+/// A foreground `runsc exec`: its exit status is the process's (128+signal if killed).
 pub struct ExecChild {
-    pub child: Box<dyn Child>,
+    child: Option<Box<dyn Child>>,
     log_file: PathBuf,
 }
 
 impl ExecChild {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.pid())
+    }
+
+    pub fn try_wait(&mut self) -> std::io::Result<Option<i32>> {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait(),
+            None => Ok(None),
+        }
+    }
+
+    /// Blocks until runsc exec, and so the process, has exited.
+    pub fn wait(mut self) -> std::io::Result<i32> {
+        match self.child.take() {
+            Some(c) => c.wait(),
+            None => Err(std::io::Error::other("runsc exec was already waited for")),
+        }
+    }
+
     /// Why runsc exec failed, from its log, once it has exited without starting the process.
     pub fn failure_reason(&self) -> String {
         last_error(&self.log_file).unwrap_or_else(|| "runsc exec gave no reason".into())
@@ -140,8 +159,11 @@ impl Runsc {
 
     fn log_file(&self, op: &Op) -> PathBuf {
         let n = LOG_COUNTER.fetch_add(1, Ordering::Relaxed);
-        self.log_dir
-            .join(format!(".runsc-{}-{}-{n}.log", op.name(), std::process::id()))
+        self.log_dir.join(format!(
+            ".runsc-{}-{}-{n}.log",
+            op.name(),
+            std::process::id()
+        ))
     }
 
     fn command(&self, op: &Op, log_file: &Path) -> Command {
@@ -171,9 +193,7 @@ impl Runsc {
                 .read_to_end(&mut out)
                 .map_err(|e| Error::io("read runsc output", e))?;
         }
-        let status = child
-            .wait()
-            .map_err(|e| Error::io("wait for runsc", e))?;
+        let status = child.wait().map_err(|e| Error::io("wait for runsc", e))?;
         Ok((status, out))
     }
 
@@ -301,7 +321,10 @@ impl Runsc {
         stdio.apply(&mut cmd);
         log::debug!("runsc {:?}", cmd.get_args().collect::<Vec<_>>());
         let child = self.spawn(&mut cmd)?;
-        Ok(ExecChild { child, log_file })
+        Ok(ExecChild {
+            child: Some(child),
+            log_file,
+        })
     }
 }
 
@@ -345,7 +368,10 @@ mod tests {
             r#"{"msg":"exiting","level":"info","time":"t"}"#
         );
         assert_eq!(parse_last_error(log).unwrap(), "reading spec: no such file");
-        assert_eq!(parse_last_error("plain text failure").unwrap(), "plain text failure");
+        assert_eq!(
+            parse_last_error("plain text failure").unwrap(),
+            "plain text failure"
+        );
         assert!(parse_last_error("").is_none());
     }
 
@@ -378,7 +404,10 @@ mod tests {
             r#"echo '{"msg":"container \"c1\" does not exist","level":"error"}' > "$4"; exit 128"#,
         );
         let err = r.start("c1").unwrap_err().to_string();
-        assert!(err.contains("runsc start c1") && err.contains("128"), "{err}");
+        assert!(
+            err.contains("runsc start c1") && err.contains("128"),
+            "{err}"
+        );
         assert!(err.contains("does not exist"), "{err}");
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -414,6 +443,9 @@ mod tests {
             Arc::new(StdSpawner),
         );
         let err = r.start("c").unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/runsc") && err.contains("binary_name"), "{err}");
+        assert!(
+            err.contains("/nonexistent/runsc") && err.contains("binary_name"),
+            "{err}"
+        );
     }
 }

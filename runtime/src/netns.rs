@@ -1,0 +1,169 @@
+//! A network namespace for a sandbox whose spec asks for a new one without naming it.
+//!
+//! runsc's netstack copies the interfaces of the namespace it starts in and refuses the host's
+//! own. CRI (through CNI) and Docker always name a prepared namespace; `ctr run` does not, and
+//! runc would then create an empty one. The shim does the same for runsc: a fresh namespace with
+//! only loopback (up), bind-mounted so it outlives the thread that made it, removed on delete.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use serde_json::Value;
+
+/// True when the spec wants a new, unnamed network namespace and runsc will use netstack
+/// with it (not `host`, which shares the host's, nor `none`, which has only loopback).
+pub fn needs_private_netns(spec: &Value, runsc_network: Option<&str>) -> bool {
+    if matches!(runsc_network, Some("host") | Some("none")) {
+        return false;
+    }
+    spec.pointer("/linux/namespaces")
+        .and_then(Value::as_array)
+        .is_some_and(|nss| {
+            nss.iter().any(|ns| {
+                ns.get("type").and_then(Value::as_str) == Some("network")
+                    && ns
+                        .get("path")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+            })
+        })
+}
+
+/// Points the spec's network namespace at `path`.
+pub fn set_netns_path(spec: &mut Value, path: &Path) {
+    if let Some(nss) = spec
+        .pointer_mut("/linux/namespaces")
+        .and_then(Value::as_array_mut)
+    {
+        for ns in nss {
+            if ns.get("type").and_then(Value::as_str) == Some("network") {
+                ns["path"] = Value::String(path.display().to_string());
+            }
+        }
+    }
+}
+
+/// Where the shim keeps the namespace of container `id` in containerd namespace `namespace`.
+pub fn netns_path(options_root: &Path, namespace: &str, id: &str) -> PathBuf {
+    options_root
+        .join(".netns")
+        .join(format!("{namespace}-{id}"))
+}
+
+/// Creates a new network namespace with loopback up and bind-mounts it at `path`.
+pub fn create(path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    std::fs::File::create(path)?;
+    let target = path.to_path_buf();
+    // unshare(CLONE_NEWNET) changes only the calling thread: do it in a throwaway one.
+    let made = std::thread::spawn(move || -> io::Result<()> {
+        // SAFETY: plain syscalls on this thread's own namespace and on C strings we own.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            loopback_up()?;
+            let src = c"/proc/thread-self/ns/net";
+            let dst = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+                .map_err(io::Error::other)?;
+            if libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    })
+    .join()
+    .map_err(|_| io::Error::other("network namespace thread panicked"))?;
+    if made.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    made
+}
+
+/// Brings `lo` up in the calling thread's network namespace.
+unsafe fn loopback_up() -> io::Result<()> {
+    let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+    if sock < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut req: libc::ifreq = std::mem::zeroed();
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    let mut result = Ok(());
+    if libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) < 0 {
+        result = Err(io::Error::last_os_error());
+    } else {
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) < 0 {
+            result = Err(io::Error::last_os_error());
+        }
+    }
+    libc::close(sock);
+    result
+}
+
+/// Unmounts and removes a namespace made by [`create`]; missing is fine.
+pub fn remove(path: &Path) {
+    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
+        // SAFETY: umount2 on a C string we own.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn only_unnamed_network_namespaces_with_netstack_need_one() {
+        let unnamed = json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
+        let named =
+            json!({"linux": {"namespaces": [{"type": "network", "path": "/var/run/netns/cni-1"}]}});
+        let none = json!({"linux": {"namespaces": [{"type": "pid"}]}});
+        assert!(needs_private_netns(&unnamed, None));
+        assert!(needs_private_netns(&unnamed, Some("sandbox")));
+        assert!(!needs_private_netns(&unnamed, Some("host")));
+        assert!(!needs_private_netns(&unnamed, Some("none")));
+        assert!(!needs_private_netns(&named, None));
+        assert!(!needs_private_netns(&none, None));
+    }
+
+    #[test]
+    fn sets_the_path() {
+        let mut spec = json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
+        set_netns_path(&mut spec, Path::new("/run/chalk/.netns/default-c1"));
+        assert_eq!(
+            spec["linux"]["namespaces"][1]["path"],
+            "/run/chalk/.netns/default-c1"
+        );
+        assert!(spec["linux"]["namespaces"][0].get("path").is_none());
+        assert!(!needs_private_netns(&spec, None));
+    }
+
+    #[test]
+    fn path_is_per_namespace_and_id() {
+        assert_eq!(
+            netns_path(Path::new("/run/chalk"), "k8s.io", "c1"),
+            PathBuf::from("/run/chalk/.netns/k8s.io-c1")
+        );
+    }
+}

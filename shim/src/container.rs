@@ -1,0 +1,160 @@
+//! What the shim tracks per container and per process.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Condvar, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use chalk_runtime::{runsc::Runsc, state::Status};
+
+use crate::io::{ProcessIo, StdioPaths};
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub status: u32,
+    pub at: SystemTime,
+}
+
+/// Set once when a process exits; Wait blocks on it without holding any container lock.
+#[derive(Default)]
+pub struct ExitCell {
+    exit: Mutex<Option<ExitInfo>>,
+    cond: Condvar,
+}
+
+impl ExitCell {
+    pub fn set(&self, info: ExitInfo) {
+        let mut exit = self.exit.lock().unwrap();
+        if exit.is_none() {
+            *exit = Some(info);
+            self.cond.notify_all();
+        }
+    }
+
+    pub fn get(&self) -> Option<ExitInfo> {
+        *self.exit.lock().unwrap()
+    }
+
+    pub fn wait(&self) -> ExitInfo {
+        let mut exit = self.exit.lock().unwrap();
+        loop {
+            if let Some(info) = *exit {
+                return info;
+            }
+            exit = self.cond.wait(exit).unwrap();
+        }
+    }
+
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<ExitInfo> {
+        let exit = self.exit.lock().unwrap();
+        let (exit, _) = self
+            .cond
+            .wait_timeout_while(exit, timeout, |e| e.is_none())
+            .unwrap();
+        *exit
+    }
+}
+
+pub struct Process {
+    /// Empty for the container's init process.
+    pub exec_id: String,
+    pub stdio: StdioPaths,
+    pub status: Status,
+    /// Init: the sandbox's host pid. Exec: the pid inside the sandbox.
+    pub pid: u32,
+    pub io: ProcessIo,
+    pub exit: Arc<ExitCell>,
+}
+
+impl Process {
+    pub fn new(exec_id: &str, stdio: StdioPaths) -> Self {
+        Process {
+            exec_id: exec_id.to_string(),
+            stdio,
+            status: Status::Created,
+            pid: 0,
+            io: ProcessIo::default(),
+            exit: Arc::default(),
+        }
+    }
+
+    pub fn exit_info(&self) -> ExitInfo {
+        self.exit.get().unwrap_or(ExitInfo {
+            status: 0,
+            at: SystemTime::UNIX_EPOCH,
+        })
+    }
+}
+
+pub struct ContainerState {
+    pub init: Process,
+    pub execs: HashMap<String, Process>,
+}
+
+impl ContainerState {
+    pub fn process(&self, exec_id: &str) -> Option<&Process> {
+        if exec_id.is_empty() {
+            Some(&self.init)
+        } else {
+            self.execs.get(exec_id)
+        }
+    }
+
+    pub fn process_mut(&mut self, exec_id: &str) -> Option<&mut Process> {
+        if exec_id.is_empty() {
+            Some(&mut self.init)
+        } else {
+            self.execs.get_mut(exec_id)
+        }
+    }
+}
+
+pub struct Container {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub runsc: Runsc,
+    pub rootfs_mounted: bool,
+    pub netns: Option<PathBuf>,
+    pub state: Mutex<ContainerState>,
+}
+
+impl Container {
+    pub fn exec_spec_path(&self, exec_id: &str) -> PathBuf {
+        self.bundle.join(format!("exec-{exec_id}.json"))
+    }
+
+    pub fn exec_pid_path(&self, exec_id: &str) -> PathBuf {
+        self.bundle.join(format!("exec-{exec_id}.pid"))
+    }
+
+    pub fn init_pid_path(&self) -> PathBuf {
+        self.bundle.join("init.pid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_cell_keeps_the_first_exit() {
+        let cell = Arc::new(ExitCell::default());
+        assert!(cell.wait_timeout(Duration::from_millis(1)).is_none());
+        let c = cell.clone();
+        let waiter = std::thread::spawn(move || c.wait());
+        let first = ExitInfo {
+            status: 7,
+            at: SystemTime::now(),
+        };
+        cell.set(first);
+        cell.set(ExitInfo {
+            status: 9,
+            at: SystemTime::now(),
+        });
+        assert_eq!(waiter.join().unwrap(), first);
+        assert_eq!(cell.get(), Some(first));
+    }
+}

@@ -1,0 +1,186 @@
+//! Finding the runtime options for a container. containerd passes them as an `Any`:
+//! CRI and `ctr --runtime-config-path` send `runtimeoptions.v1.Options` (a config path or an
+//! inline TOML body); a runc-style `containerd.runc.v1.Options` (CRI's `BinaryName`/`Root`)
+//! overrides the runsc binary and root of the default file. Nothing passed means the default.
+
+use chalk_runtime::options::RuntimeOptions;
+use containerd_shim::protos::{
+    protobuf::{well_known_types::any::Any, CodedInputStream, Message},
+    shim::oci::Options as RuncOptions,
+};
+
+use crate::errors::{Result, ShimError};
+
+const CRI_OPTIONS: &str = "runtimeoptions.v1.Options";
+const RUNC_OPTIONS: &str = "containerd.runc.v1.Options";
+
+/// The fields of CRI's `runtimeoptions.v1.Options` (decoded by hand: no crate ships it).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CriOptions {
+    pub type_url: String,
+    pub config_path: String,
+    pub config_body: Vec<u8>,
+}
+
+pub fn decode_cri_options(bytes: &[u8]) -> Result<CriOptions> {
+    let bad = |e: containerd_shim::protos::protobuf::Error| {
+        ShimError::InvalidArgument(format!("cannot decode {CRI_OPTIONS}: {e}"))
+    };
+    let mut out = CriOptions::default();
+    let mut input = CodedInputStream::from_bytes(bytes);
+    while let Some(tag) = input.read_raw_tag_or_eof().map_err(bad)? {
+        match tag >> 3 {
+            1 => out.type_url = input.read_string().map_err(bad)?,
+            2 => out.config_path = input.read_string().map_err(bad)?,
+            3 => out.config_body = input.read_bytes().map_err(bad)?,
+            _ => {
+                let wire_type = containerd_shim::protos::protobuf::rt::WireType::new(tag & 7)
+                    .ok_or_else(|| {
+                        ShimError::InvalidArgument(format!(
+                            "{CRI_OPTIONS}: bad wire type in tag {tag}"
+                        ))
+                    })?;
+                input.skip_field(wire_type).map_err(bad)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn type_name(type_url: &str) -> &str {
+    type_url.rsplit('/').next().unwrap_or(type_url)
+}
+
+/// Resolves the options for a Create request.
+pub fn resolve(any: Option<&Any>) -> Result<RuntimeOptions> {
+    let Some(any) = any.filter(|a| !a.type_url.is_empty()) else {
+        return Ok(RuntimeOptions::load_default()?);
+    };
+    match type_name(&any.type_url) {
+        CRI_OPTIONS => {
+            let cri = decode_cri_options(&any.value)?;
+            if !cri.config_body.is_empty() {
+                let body = String::from_utf8(cri.config_body).map_err(|_| {
+                    ShimError::InvalidArgument("runtime options body is not UTF-8 TOML".into())
+                })?;
+                Ok(RuntimeOptions::parse(&body, "the inline runtime options")?)
+            } else if !cri.config_path.is_empty() {
+                Ok(RuntimeOptions::load(std::path::Path::new(
+                    &cri.config_path,
+                ))?)
+            } else {
+                Ok(RuntimeOptions::load_default()?)
+            }
+        }
+        RUNC_OPTIONS => {
+            let runc = RuncOptions::parse_from_bytes(&any.value).map_err(|e| {
+                ShimError::InvalidArgument(format!("cannot decode {RUNC_OPTIONS}: {e}"))
+            })?;
+            let mut opts = RuntimeOptions::load_default()?;
+            if !runc.binary_name.is_empty() {
+                opts.binary_name = runc.binary_name;
+            }
+            if !runc.root.is_empty() {
+                opts.root = runc.root.into();
+                if !opts.root.is_absolute() {
+                    return Err(ShimError::InvalidArgument(format!(
+                        "runc options root {:?} is not an absolute path",
+                        opts.root
+                    )));
+                }
+            }
+            Ok(opts)
+        }
+        other => Err(ShimError::InvalidArgument(format!(
+            "runtime options of type {other:?} are not understood by io.containerd.chalk.v1; \
+             pass {CRI_OPTIONS} with a config_path to a chalk TOML file"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use containerd_shim::protos::protobuf::CodedOutputStream;
+
+    use super::*;
+
+    fn encode_cri(path: &str, body: &[u8]) -> Vec<u8> {
+        let mut buf = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut buf);
+            out.write_string(1, "io.containerd.chalk.v1.options")
+                .unwrap();
+            if !path.is_empty() {
+                out.write_string(2, path).unwrap();
+            }
+            if !body.is_empty() {
+                out.write_bytes(3, body).unwrap();
+            }
+            out.write_uint32(9, 5).unwrap(); // an unknown field is skipped
+            out.flush().unwrap();
+        }
+        buf
+    }
+
+    fn any(type_url: &str, value: Vec<u8>) -> Any {
+        let mut a = Any::new();
+        a.type_url = type_url.into();
+        a.value = value;
+        a
+    }
+
+    #[test]
+    fn decodes_cri_options() {
+        let got = decode_cri_options(&encode_cri("/etc/chalk.toml", b"")).unwrap();
+        assert_eq!(got.config_path, "/etc/chalk.toml");
+        assert_eq!(got.type_url, "io.containerd.chalk.v1.options");
+    }
+
+    #[test]
+    fn inline_body_wins_and_is_validated() {
+        let a = any(
+            "runtimeoptions.v1.Options",
+            encode_cri("/nonexistent", b"[runsc_config]\nplatform = \"ptrace\"\n"),
+        );
+        let opts = resolve(Some(&a)).unwrap();
+        assert_eq!(opts.runsc_flags().unwrap(), vec!["--platform=ptrace"]);
+
+        let a = any("runtimeoptions.v1.Options", encode_cri("", b"typo = 1\n"));
+        let err = resolve(Some(&a)).unwrap_err().to_string();
+        assert!(err.contains("typo"), "{err}");
+    }
+
+    #[test]
+    fn config_path_is_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chalk.toml");
+        std::fs::write(&path, "binary_name = \"/opt/runsc\"\n").unwrap();
+        let a = any(
+            "type.googleapis.com/runtimeoptions.v1.Options",
+            encode_cri(path.to_str().unwrap(), b""),
+        );
+        assert_eq!(resolve(Some(&a)).unwrap().binary_name, "/opt/runsc");
+    }
+
+    #[test]
+    fn runc_style_options_override_binary_and_root() {
+        let mut runc = RuncOptions::new();
+        runc.binary_name = "/opt/runsc".into();
+        runc.root = "/run/other".into();
+        let a = any("containerd.runc.v1.Options", runc.write_to_bytes().unwrap());
+        let opts = resolve(Some(&a)).unwrap();
+        assert_eq!(opts.binary_name, "/opt/runsc");
+        assert_eq!(opts.root, std::path::PathBuf::from("/run/other"));
+        runc.root = "relative".into();
+        let a = any("containerd.runc.v1.Options", runc.write_to_bytes().unwrap());
+        assert!(resolve(Some(&a)).is_err());
+    }
+
+    #[test]
+    fn unknown_type_is_refused_by_name() {
+        let err = resolve(Some(&any("example.Other", vec![])))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("example.Other"), "{err}");
+    }
+}

@@ -1,0 +1,136 @@
+//! The shim binary's lifecycle: `start` (spawn the daemon, one per pod or container),
+//! `delete` (clean up after a shim that died), and serving the Task service.
+
+use std::{path::Path, sync::Arc};
+
+use chalk_runtime::{
+    bundle::Record,
+    runsc::{GlobalArgs, Runsc},
+};
+use containerd_shim::{
+    api::DeleteResponse, publisher::RemotePublisher, util::write_address, Config, Error,
+    ExitSignal, Flags, Shim, StartOpts,
+};
+
+use crate::{events::EventSender, reaper, task::TaskService};
+
+/// Containers of one Kubernetes pod share one shim, like they share one sandbox.
+const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
+
+pub struct Service {
+    namespace: String,
+    id: String,
+    bundle: String,
+    exit: Arc<ExitSignal>,
+}
+
+/// The shim grouping key for a bundle: the pod's sandbox id if it has one, else the id.
+pub fn grouping(bundle: &Path, id: &str) -> String {
+    let spec: Option<serde_json::Value> = std::fs::read(bundle.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    spec.as_ref()
+        .and_then(|s| {
+            s.pointer("/annotations")?
+                .get(SANDBOX_ID_ANNOTATION)?
+                .as_str()
+        })
+        .filter(|s| chalk_runtime::ids::container_id(s).is_ok())
+        .unwrap_or(id)
+        .to_string()
+}
+
+impl Shim for Service {
+    type T = TaskService;
+
+    fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        Service {
+            namespace: args.namespace.clone(),
+            id: args.id.clone(),
+            bundle: args.bundle.clone(),
+            exit: Arc::new(ExitSignal::default()),
+        }
+    }
+
+    fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
+        let cwd = std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
+        let group = grouping(&cwd, &opts.id);
+        let (_, address) = containerd_shim::spawn(opts, &group, Vec::new())?;
+        write_address(&address)?;
+        Ok(address)
+    }
+
+    fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
+        reaper::start();
+        let bundle = if self.bundle.is_empty() {
+            std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?
+        } else {
+            self.bundle.clone().into()
+        };
+        match Record::read(&bundle) {
+            Ok(Some(record)) => {
+                let runsc = Runsc::new(
+                    record.binary.clone(),
+                    GlobalArgs {
+                        root: record.root.clone(),
+                        flags: record.flags.clone(),
+                    },
+                    &bundle,
+                    Arc::new(reaper::ReaperSpawner),
+                );
+                if let Err(e) = runsc.delete(&self.id, true) {
+                    // Already gone is the common case after a clean exit.
+                    log::warn!("cleanup of {} in {}: {e}", self.id, self.namespace);
+                }
+                crate::task::cleanup_bundle(
+                    &bundle,
+                    record.rootfs_mounted,
+                    record.netns.as_deref(),
+                );
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("cleanup of {}: {e}", self.id),
+        }
+        let mut resp = DeleteResponse::new();
+        resp.exit_status = 128 + libc::SIGKILL as u32;
+        resp.exited_at = Some(crate::task::timestamp(std::time::SystemTime::now())).into();
+        Ok(resp)
+    }
+
+    fn wait(&mut self) {
+        self.exit.wait();
+    }
+
+    fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
+        reaper::start();
+        let events = EventSender::spawn(publisher, self.namespace.clone());
+        TaskService::new(&self.namespace, events, self.exit.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_pod_containers_by_sandbox_id() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(grouping(dir.path(), "c1"), "c1");
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"annotations":{"io.kubernetes.cri.sandbox-id":"pod1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(grouping(dir.path(), "c1"), "pod1");
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"annotations":{"io.kubernetes.cri.sandbox-id":"../x"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            grouping(dir.path(), "c1"),
+            "c1",
+            "a bad id never names a socket"
+        );
+    }
+}

@@ -1,0 +1,1004 @@
+//! The Task service: containerd's task RPCs on top of the runtime library. Methods here are
+//! free of ttrpc types where they can be, so the logic reads as plain Rust; the trait adapter at
+//! the bottom is the only place that speaks ttrpc.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, LazyLock, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use chalk_runtime::{
+    bundle::Record,
+    ids, netns,
+    options::RuntimeOptions,
+    runsc::{Features, GlobalArgs, ProcessStdio, Runsc},
+    state::{self, Event as Transition, Status},
+};
+use containerd_shim::{
+    api::{
+        CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+        DeleteRequest, DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest,
+        PidsRequest, PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
+        StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, UpdateTaskRequest,
+        WaitRequest, WaitResponse,
+    },
+    protos::{
+        events::task::{
+            TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
+            TaskPaused, TaskResumed, TaskStart,
+        },
+        protobuf::{
+            well_known_types::{any::Any, timestamp::Timestamp},
+            Message, MessageField,
+        },
+        shim::oci::ProcessDetails,
+        topics,
+        ttrpc::{self, TtrpcContext},
+        types::task::{ProcessInfo, Status as ApiStatus},
+    },
+    ExitSignal, Task,
+};
+
+use crate::{
+    container::{Container, ContainerState, ExitInfo, Process},
+    errors::{Result, ShimError},
+    events::EventSender,
+    io::{self, ConsoleSocket, StdioPaths},
+    metrics, oom,
+    reaper::{self, ReaperSpawner},
+    runtime_options,
+};
+
+/// How long runsc may take to start an exec'd process or hand over a terminal.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What each runsc binary supports, probed once per shim process.
+static FEATURES: LazyLock<Mutex<HashMap<PathBuf, Features>>> = LazyLock::new(Default::default);
+
+#[derive(Clone)]
+pub struct TaskService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    namespace: String,
+    containers: Mutex<HashMap<String, Arc<Container>>>,
+    events: EventSender,
+    exit: Arc<ExitSignal>,
+}
+
+pub fn timestamp(t: SystemTime) -> Timestamp {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let mut ts = Timestamp::new();
+    ts.seconds = d.as_secs() as i64;
+    ts.nanos = d.subsec_nanos() as i32;
+    ts
+}
+
+fn api_status(s: Status) -> ApiStatus {
+    match s {
+        Status::Created => ApiStatus::CREATED,
+        Status::Running => ApiStatus::RUNNING,
+        Status::Paused => ApiStatus::PAUSED,
+        Status::Stopped => ApiStatus::STOPPED,
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+impl TaskService {
+    pub fn new(namespace: &str, events: EventSender, exit: Arc<ExitSignal>) -> Self {
+        TaskService {
+            inner: Arc::new(Inner {
+                namespace: namespace.to_string(),
+                containers: Mutex::new(HashMap::new()),
+                events,
+                exit,
+            }),
+        }
+    }
+
+    fn container(&self, id: &str) -> Result<Arc<Container>> {
+        self.inner
+            .containers
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ShimError::NotFound(format!("container {id} not found")))
+    }
+
+    fn events(&self) -> &EventSender {
+        &self.inner.events
+    }
+
+    fn runsc_for(&self, opts: &RuntimeOptions, bundle: &Path) -> Result<Runsc> {
+        let flags = opts.runsc_flags().map_err(ShimError::InvalidArgument)?;
+        let root = opts.runsc_root(&self.inner.namespace)?;
+        let runsc = Runsc::new(
+            &opts.binary_name,
+            GlobalArgs { root, flags },
+            bundle,
+            Arc::new(ReaperSpawner),
+        );
+        let binary = runsc.binary().to_path_buf();
+        let cached = FEATURES.lock().unwrap().get(&binary).cloned();
+        let features = match cached {
+            Some(f) => f,
+            None => {
+                let f = runsc.features()?;
+                log::info!("runsc {}: {}", binary.display(), f.version);
+                FEATURES.lock().unwrap().insert(binary, f.clone());
+                f
+            }
+        };
+        features
+            .check_flags(&runsc.global().flags)
+            .map_err(ShimError::InvalidArgument)?;
+        Ok(runsc)
+    }
+
+    // ---- create / start ------------------------------------------------------------------
+
+    pub fn create(&self, req: &CreateTaskRequest) -> Result<u32> {
+        ids::container_id(&req.id)?;
+        if self.inner.containers.lock().unwrap().contains_key(&req.id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "container {} already exists",
+                req.id
+            )));
+        }
+        if !req.checkpoint.is_empty() {
+            return Err(ShimError::Unimplemented(
+                "restoring from a checkpoint is not supported by this release of io.containerd.chalk.v1".into(),
+            ));
+        }
+        let opts = runtime_options::resolve(req.options.as_ref())?;
+        if let Some(level) = opts.log_level.as_deref().and_then(|l| l.parse().ok()) {
+            log::set_max_level(level);
+        }
+        let bundle = PathBuf::from(&req.bundle);
+        if !bundle.is_absolute() || !bundle.join("config.json").exists() {
+            return Err(ShimError::InvalidArgument(format!(
+                "bundle {} has no config.json",
+                req.bundle
+            )));
+        }
+        let runsc = self.runsc_for(&opts, &bundle)?;
+        create_private_dir(&runsc.global().root)?;
+
+        let netns = self.prepare_netns(&opts, &bundle, &req.id)?;
+        let rootfs_mounted = match mount_rootfs(&bundle, &req.rootfs) {
+            Ok(m) => m,
+            Err(e) => {
+                cleanup_bundle(&bundle, false, netns.as_deref());
+                return Err(e);
+            }
+        };
+        let record = Record {
+            binary: runsc.binary().to_path_buf(),
+            root: runsc.global().root.clone(),
+            flags: runsc.global().flags.clone(),
+            rootfs_mounted,
+            netns: netns.clone(),
+        };
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        let container = Container {
+            id: req.id.clone(),
+            bundle: bundle.clone(),
+            runsc,
+            rootfs_mounted,
+            netns,
+            state: Mutex::new(ContainerState {
+                init: Process::new("", stdio.clone()),
+                execs: HashMap::new(),
+            }),
+        };
+        let started = record
+            .write(&bundle)
+            .map_err(ShimError::from)
+            .and_then(|()| self.create_sandbox(&container, &stdio));
+        let pid = match started {
+            Ok(pid) => pid,
+            Err(e) => {
+                // Leave nothing behind: no sandbox, no mount, no record.
+                let _ = container.runsc.delete(&container.id, true);
+                cleanup_bundle(&bundle, rootfs_mounted, container.netns.as_deref());
+                return Err(e);
+            }
+        };
+        let container = Arc::new(container);
+        self.inner
+            .containers
+            .lock()
+            .unwrap()
+            .insert(req.id.clone(), container.clone());
+        self.watch_init(&container, pid);
+
+        let mut io = TaskIO::new();
+        io.stdin = req.stdin.clone();
+        io.stdout = req.stdout.clone();
+        io.stderr = req.stderr.clone();
+        io.terminal = req.terminal;
+        let mut ev = TaskCreate::new();
+        ev.container_id = req.id.clone();
+        ev.bundle = req.bundle.clone();
+        ev.rootfs = req.rootfs.clone();
+        ev.io = Some(io).into();
+        ev.pid = pid as u32;
+        self.events().send(topics::TASK_CREATE_EVENT_TOPIC, ev);
+        Ok(pid as u32)
+    }
+
+    /// Gives the sandbox a fresh network namespace when its spec asks for an unnamed one.
+    fn prepare_netns(
+        &self,
+        opts: &RuntimeOptions,
+        bundle: &Path,
+        id: &str,
+    ) -> Result<Option<PathBuf>> {
+        let config = bundle.join("config.json");
+        let text = std::fs::read(&config)
+            .map_err(|e| ShimError::InvalidArgument(format!("read {}: {e}", config.display())))?;
+        let mut spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+            ShimError::InvalidArgument(format!("{} is not valid JSON: {e}", config.display()))
+        })?;
+        let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
+        if !netns::needs_private_netns(&spec, network) {
+            return Ok(None);
+        }
+        let path = netns::netns_path(&opts.root, &self.inner.namespace, id);
+        netns::create(&path).map_err(|e| {
+            ShimError::internal(format!("create network namespace {}", path.display()), e)
+        })?;
+        netns::set_netns_path(&mut spec, &path);
+        let patched =
+            serde_json::to_vec(&spec).map_err(|e| ShimError::internal("encode spec", e))?;
+        if let Err(e) = std::fs::write(&config, patched) {
+            netns::remove(&path);
+            return Err(ShimError::internal(
+                format!("write {}", config.display()),
+                e,
+            ));
+        }
+        Ok(Some(path))
+    }
+
+    /// `runsc create` with the init process's stdio; returns the sandbox pid.
+    fn create_sandbox(&self, c: &Container, stdio: &StdioPaths) -> Result<i32> {
+        let pid_file = c.init_pid_path();
+        let (runsc_stdio, console) = if stdio.terminal {
+            (
+                ProcessStdio::default(),
+                Some(ConsoleSocket::new().map_err(|e| ShimError::internal("console socket", e))?),
+            )
+        } else {
+            let (s, pio) = io::open_plain(stdio)
+                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
+            c.state.lock().unwrap().init.io = pio;
+            (s, None)
+        };
+        c.runsc.create(
+            &c.id,
+            &c.bundle,
+            &pid_file,
+            runsc_stdio,
+            console.as_ref().map(|s| s.path()),
+        )?;
+        let pid = read_pid(&pid_file).ok_or_else(|| {
+            ShimError::Internal(format!(
+                "runsc create {} wrote no pid to {}",
+                c.id,
+                pid_file.display()
+            ))
+        })?;
+        if let Some(console) = console {
+            let master = console
+                .receive(START_TIMEOUT, || false)
+                .map_err(|e| ShimError::internal(format!("terminal of {}", c.id), e))?;
+            let pio = io::attach_console(stdio, master)
+                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
+            c.state.lock().unwrap().init.io = pio;
+        }
+        c.state.lock().unwrap().init.pid = pid as u32;
+        Ok(pid)
+    }
+
+    /// The sandbox process is the shim's (adopted) child: its exit status is the init's.
+    fn watch_init(&self, c: &Arc<Container>, pid: i32) {
+        let exits = reaper::watch(pid);
+        let this = self.clone();
+        let id = c.id.clone();
+        std::thread::spawn(move || {
+            if let Ok(status) = exits.recv() {
+                this.process_exited(&id, "", status);
+            }
+        });
+        let events = self.events().clone();
+        let id = c.id.clone();
+        if let Err(e) = oom::watch(pid, move || {
+            log::warn!("container {id} hit its memory limit");
+            let mut ev = TaskOOM::new();
+            ev.container_id = id.clone();
+            events.send(topics::TASK_OOM_EVENT_TOPIC, ev);
+        }) {
+            log::warn!("no OOM events for {}: {e}", c.id);
+        }
+    }
+
+    fn process_exited(&self, id: &str, exec_id: &str, status: i32) {
+        let Ok(c) = self.container(id) else { return };
+        let mut st = c.state.lock().unwrap();
+        let Some(p) = st.process_mut(exec_id) else {
+            return;
+        };
+        if p.status == Status::Stopped {
+            return;
+        }
+        p.status = Status::Stopped;
+        let info = ExitInfo {
+            status: status as u32,
+            at: SystemTime::now(),
+        };
+        log::info!("container {id} process {:?} exited with {status}", exec_id);
+        let mut ev = TaskExit::new();
+        ev.container_id = id.to_string();
+        ev.id = if exec_id.is_empty() {
+            id.to_string()
+        } else {
+            exec_id.to_string()
+        };
+        ev.pid = p.pid;
+        ev.exit_status = info.status;
+        ev.exited_at = Some(timestamp(info.at)).into();
+        self.events().send(topics::TASK_EXIT_EVENT_TOPIC, ev);
+        p.exit.set(info);
+    }
+
+    pub fn start(&self, id: &str, exec_id: &str) -> Result<u32> {
+        let c = self.container(id)?;
+        if !exec_id.is_empty() {
+            return self.start_exec(&c, exec_id);
+        }
+        // The lock is held across runsc start so an exit cannot be reported before TaskStart.
+        let mut st = c.state.lock().unwrap();
+        let next = state::transition(id, st.init.status, Transition::Start)?;
+        c.runsc.start(id)?;
+        st.init.status = next;
+        let mut ev = TaskStart::new();
+        ev.container_id = id.to_string();
+        ev.pid = st.init.pid;
+        self.events().send(topics::TASK_START_EVENT_TOPIC, ev);
+        Ok(st.init.pid)
+    }
+
+    // ---- exec -----------------------------------------------------------------------------
+
+    pub fn exec(&self, req: &ExecProcessRequest) -> Result<()> {
+        ids::exec_id(&req.exec_id)?;
+        let c = self.container(&req.id)?;
+        let mut st = c.state.lock().unwrap();
+        if st.init.status == Status::Stopped {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {} is stopped: cannot exec in it",
+                req.id
+            )));
+        }
+        if st.execs.contains_key(&req.exec_id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "exec {} already exists in container {}",
+                req.exec_id, req.id
+            )));
+        }
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|a| a.value.as_slice())
+            .unwrap_or_default();
+        let parsed: serde_json::Value = serde_json::from_slice(spec).map_err(|e| {
+            ShimError::InvalidArgument(format!("exec {} process spec: {e}", req.exec_id))
+        })?;
+        if !parsed.is_object() {
+            return Err(ShimError::InvalidArgument(format!(
+                "exec {} process spec is not a JSON object",
+                req.exec_id
+            )));
+        }
+        write_private(&c.exec_spec_path(&req.exec_id), spec)?;
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        st.execs
+            .insert(req.exec_id.clone(), Process::new(&req.exec_id, stdio));
+        let mut ev = TaskExecAdded::new();
+        ev.container_id = req.id.clone();
+        ev.exec_id = req.exec_id.clone();
+        self.events().send(topics::TASK_EXEC_ADDED_EVENT_TOPIC, ev);
+        Ok(())
+    }
+
+    fn start_exec(&self, c: &Arc<Container>, exec_id: &str) -> Result<u32> {
+        let mut st = c.state.lock().unwrap();
+        if st.init.status != Status::Running {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {} is {}: exec needs it running",
+                c.id, st.init.status
+            )));
+        }
+        let p = st
+            .execs
+            .get_mut(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {}", c.id)))?;
+        let next = state::transition(exec_id, p.status, Transition::Start)?;
+        let pid_file = c.exec_pid_path(exec_id);
+        let _ = std::fs::remove_file(&pid_file);
+        let (runsc_stdio, console) = if p.stdio.terminal {
+            (
+                ProcessStdio::default(),
+                Some(ConsoleSocket::new().map_err(|e| ShimError::internal("console socket", e))?),
+            )
+        } else {
+            let (s, pio) = io::open_plain(&p.stdio).map_err(|e| {
+                ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
+            })?;
+            p.io = pio;
+            (s, None)
+        };
+        let mut child = c.runsc.exec(
+            &c.id,
+            &c.exec_spec_path(exec_id),
+            &pid_file,
+            runsc_stdio,
+            console.as_ref().map(|s| s.path()),
+        )?;
+
+        // Started once runsc has written the in-sandbox pid; failed if runsc exits without it.
+        let deadline = Instant::now() + START_TIMEOUT;
+        let pid = loop {
+            if let Some(pid) = read_pid(&pid_file) {
+                break pid;
+            }
+            let exited = child
+                .try_wait()
+                .map_err(|e| ShimError::internal("wait for runsc exec", e))?;
+            if exited.is_some() {
+                if let Some(pid) = read_pid(&pid_file) {
+                    break pid;
+                }
+                return Err(ShimError::Internal(format!(
+                    "runsc exec {exec_id} in {}: {}",
+                    c.id,
+                    child.failure_reason()
+                )));
+            }
+            if Instant::now() > deadline {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(child.pid() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                return Err(ShimError::Internal(format!(
+                    "runsc exec {exec_id} in {} did not start within {START_TIMEOUT:?}",
+                    c.id
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if let Some(console) = console {
+            let runsc_pid = child.pid();
+            let master = console
+                .receive(START_TIMEOUT, || {
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(runsc_pid as i32), None)
+                        .is_err()
+                })
+                .map_err(|e| ShimError::internal(format!("terminal of exec {exec_id}"), e))?;
+            p.io = io::attach_console(&p.stdio, master).map_err(|e| {
+                ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
+            })?;
+        }
+        p.status = next;
+        p.pid = pid as u32;
+        let this = self.clone();
+        let (id, eid) = (c.id.clone(), exec_id.to_string());
+        std::thread::spawn(move || {
+            let status = child.wait().unwrap_or_else(|e| {
+                log::error!("lost the exit status of exec {eid} in {id}: {e}");
+                255
+            });
+            this.process_exited(&id, &eid, status);
+        });
+        let mut ev = TaskExecStarted::new();
+        ev.container_id = c.id.clone();
+        ev.exec_id = exec_id.to_string();
+        ev.pid = pid as u32;
+        self.events()
+            .send(topics::TASK_EXEC_STARTED_EVENT_TOPIC, ev);
+        Ok(pid as u32)
+    }
+
+    // ---- signals, waiting, state ----------------------------------------------------------
+
+    pub fn kill(&self, req: &KillRequest) -> Result<()> {
+        let c = self.container(&req.id)?;
+        let (status, pid) = {
+            let st = c.state.lock().unwrap();
+            let p = st.process(&req.exec_id).ok_or_else(|| {
+                ShimError::NotFound(format!("exec {} not found in {}", req.exec_id, req.id))
+            })?;
+            (p.status, p.pid)
+        };
+        let finished = || {
+            ShimError::NotFound(format!(
+                "process {} of {} already finished",
+                display_exec(&req.exec_id),
+                req.id
+            ))
+        };
+        match status {
+            Status::Stopped => return Err(finished()),
+            Status::Created if req.exec_id.is_empty() => {
+                // Not started yet: runsc cannot signal it, but the sandbox process is ours.
+                let sig = nix::sys::signal::Signal::try_from(req.signal as i32).map_err(|e| {
+                    ShimError::InvalidArgument(format!("signal {}: {e}", req.signal))
+                })?;
+                return nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)
+                    .map_err(|e| ShimError::internal(format!("kill sandbox of {}", req.id), e));
+            }
+            Status::Created => {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "exec {} of {} has not started",
+                    req.exec_id, req.id
+                )))
+            }
+            _ => {}
+        }
+        let target = (!req.exec_id.is_empty()).then_some(pid as i32);
+        match c.runsc.kill(&req.id, req.signal, req.all, target) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // It may have exited while we were signalling it.
+                let st = c.state.lock().unwrap();
+                if st
+                    .process(&req.exec_id)
+                    .is_none_or(|p| p.status == Status::Stopped)
+                {
+                    Err(finished())
+                } else {
+                    Err(e.into())
+                }
+            }
+        }
+    }
+
+    pub fn wait(&self, id: &str, exec_id: &str) -> Result<ExitInfo> {
+        let c = self.container(id)?;
+        let cell = {
+            let st = c.state.lock().unwrap();
+            st.process(exec_id)
+                .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?
+                .exit
+                .clone()
+        };
+        Ok(cell.wait())
+    }
+
+    pub fn state(&self, id: &str, exec_id: &str) -> Result<StateResponse> {
+        let c = self.container(id)?;
+        let st = c.state.lock().unwrap();
+        let p = st
+            .process(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
+        let mut resp = StateResponse::new();
+        resp.id = if exec_id.is_empty() {
+            id.to_string()
+        } else {
+            exec_id.to_string()
+        };
+        resp.exec_id = exec_id.to_string();
+        resp.bundle = c.bundle.display().to_string();
+        resp.pid = p.pid;
+        resp.status = api_status(p.status).into();
+        resp.stdin = p.stdio.stdin.clone();
+        resp.stdout = p.stdio.stdout.clone();
+        resp.stderr = p.stdio.stderr.clone();
+        resp.terminal = p.stdio.terminal;
+        if let Some(exit) = p.exit.get() {
+            resp.exit_status = exit.status;
+            resp.exited_at = Some(timestamp(exit.at)).into();
+        }
+        Ok(resp)
+    }
+
+    // ---- delete / shutdown ----------------------------------------------------------------
+
+    pub fn delete(&self, id: &str, exec_id: &str) -> Result<(u32, ExitInfo)> {
+        let c = self.container(id)?;
+        if !exec_id.is_empty() {
+            let mut st = c.state.lock().unwrap();
+            let p = st
+                .execs
+                .get(exec_id)
+                .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
+            state::check_deletable(exec_id, p.status)?;
+            let mut p = st.execs.remove(exec_id).expect("checked above");
+            p.io.join_copiers();
+            let _ = std::fs::remove_file(c.exec_spec_path(exec_id));
+            let _ = std::fs::remove_file(c.exec_pid_path(exec_id));
+            return Ok((p.pid, p.exit_info()));
+        }
+
+        let (pid, status, cell) = {
+            let st = c.state.lock().unwrap();
+            state::check_deletable(id, st.init.status)?;
+            (st.init.pid, st.init.status, st.init.exit.clone())
+        };
+        c.runsc.delete(id, true)?;
+        if status == Status::Created {
+            // The sandbox was killed by the forced delete: report that exit, not a made-up one.
+            if cell.wait_timeout(Duration::from_secs(5)).is_none() {
+                cell.set(ExitInfo {
+                    status: 137,
+                    at: SystemTime::now(),
+                });
+            }
+        }
+        {
+            let mut st = c.state.lock().unwrap();
+            st.init.io.join_copiers();
+            st.init.status = Status::Stopped;
+        }
+        cleanup_bundle(&c.bundle, c.rootfs_mounted, c.netns.as_deref());
+        let _ = std::fs::remove_file(c.init_pid_path());
+        self.inner.containers.lock().unwrap().remove(id);
+
+        let exit = cell.get().unwrap_or(ExitInfo {
+            status: 0,
+            at: SystemTime::now(),
+        });
+        let mut ev = TaskDelete::new();
+        ev.container_id = id.to_string();
+        ev.id = id.to_string();
+        ev.pid = pid;
+        ev.exit_status = exit.status;
+        ev.exited_at = Some(timestamp(exit.at)).into();
+        self.events().send(topics::TASK_DELETE_EVENT_TOPIC, ev);
+        Ok((pid, exit))
+    }
+
+    pub fn shutdown(&self) {
+        if self.inner.containers.lock().unwrap().is_empty() {
+            self.inner.exit.signal();
+        }
+    }
+
+    // ---- the rest -------------------------------------------------------------------------
+
+    pub fn pause(&self, id: &str) -> Result<()> {
+        self.pause_resume(id, Transition::Pause)
+    }
+
+    pub fn resume(&self, id: &str) -> Result<()> {
+        self.pause_resume(id, Transition::Resume)
+    }
+
+    fn pause_resume(&self, id: &str, what: Transition) -> Result<()> {
+        let c = self.container(id)?;
+        let mut st = c.state.lock().unwrap();
+        let next = state::transition(id, st.init.status, what)?;
+        if what == Transition::Pause {
+            c.runsc.pause(id)?;
+            st.init.status = next;
+            let mut ev = TaskPaused::new();
+            ev.container_id = id.to_string();
+            self.events().send(topics::TASK_PAUSED_EVENT_TOPIC, ev);
+        } else {
+            c.runsc.resume(id)?;
+            st.init.status = next;
+            let mut ev = TaskResumed::new();
+            ev.container_id = id.to_string();
+            self.events().send(topics::TASK_RESUMED_EVENT_TOPIC, ev);
+        }
+        Ok(())
+    }
+
+    pub fn pids(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        let c = self.container(id)?;
+        let pids = c.runsc.ps(id)?;
+        let exec_of: HashMap<u32, String> = {
+            let st = c.state.lock().unwrap();
+            st.execs
+                .values()
+                .filter(|p| p.status == Status::Running)
+                .map(|p| (p.pid, p.exec_id.clone()))
+                .collect()
+        };
+        pids.into_iter()
+            .map(|pid| {
+                let mut info = ProcessInfo::new();
+                info.pid = pid as u32;
+                if let Some(exec_id) = exec_of.get(&(pid as u32)) {
+                    let mut details = ProcessDetails::new();
+                    details.exec_id = exec_id.clone();
+                    let mut any = Any::new();
+                    any.type_url = "containerd.runc.v1.ProcessDetails".into();
+                    any.value = details
+                        .write_to_bytes()
+                        .map_err(|e| ShimError::internal("encode process details", e))?;
+                    info.info = MessageField::some(any);
+                }
+                Ok(info)
+            })
+            .collect()
+    }
+
+    pub fn stats(&self, id: &str) -> Result<Any> {
+        let c = self.container(id)?;
+        let ev = c.runsc.stats(id)?;
+        metrics::to_any(&ev.data).map_err(|e| ShimError::internal("encode metrics", e))
+    }
+
+    /// New limits go to the sandbox's host cgroup, which is what bounds the whole sandbox.
+    pub fn update(&self, id: &str, resources: Option<&Any>) -> Result<()> {
+        let c = self.container(id)?;
+        let Some(resources) = resources.filter(|r| !r.value.is_empty()) else {
+            return Ok(());
+        };
+        let res: containerd_shim::protos::protobuf::well_known_types::any::Any = resources.clone();
+        let parsed: oci_spec::runtime::LinuxResources = serde_json::from_slice(&res.value)
+            .map_err(|e| ShimError::InvalidArgument(format!("resources for {id}: {e}")))?;
+        let pid = {
+            let st = c.state.lock().unwrap();
+            if st.init.status == Status::Stopped {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {id} is stopped"
+                )));
+            }
+            st.init.pid
+        };
+        let cgroup = containerd_shim::cgroup::get_cgroup(pid)
+            .map_err(|e| ShimError::internal(format!("cgroup of {id}"), e))?;
+        containerd_shim::cgroup::update_resources(&cgroup, &parsed)
+            .map_err(|e| ShimError::internal(format!("update resources of {id}"), e))
+    }
+
+    pub fn close_io(&self, id: &str, exec_id: &str) -> Result<()> {
+        let c = self.container(id)?;
+        let mut st = c.state.lock().unwrap();
+        let p = st
+            .process_mut(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
+        p.io.close_stdin();
+        Ok(())
+    }
+
+    pub fn resize_pty(&self, id: &str, exec_id: &str, width: u32, height: u32) -> Result<()> {
+        let c = self.container(id)?;
+        let st = c.state.lock().unwrap();
+        let p = st
+            .process(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
+        p.io.resize(width, height).map_err(|e| {
+            ShimError::FailedPrecondition(format!("resize {}: {e}", display_exec(exec_id)))
+        })
+    }
+
+    pub fn connect(&self, id: &str) -> ConnectResponse {
+        let mut resp = ConnectResponse::new();
+        resp.shim_pid = std::process::id();
+        resp.version = env!("CARGO_PKG_VERSION").to_string();
+        if let Ok(c) = self.container(id) {
+            resp.task_pid = c.state.lock().unwrap().init.pid;
+        }
+        resp
+    }
+}
+
+fn display_exec(exec_id: &str) -> &str {
+    if exec_id.is_empty() {
+        "init"
+    } else {
+        exec_id
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| ShimError::internal(format!("create {}", dir.display()), e))
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(data))
+        .map_err(|e| ShimError::internal(format!("write {}", path.display()), e))
+}
+
+/// Mounts containerd's rootfs mounts at `<bundle>/rootfs`; false when there were none.
+fn mount_rootfs(
+    bundle: &Path,
+    mounts: &[containerd_shim::protos::types::mount::Mount],
+) -> Result<bool> {
+    if mounts.is_empty() {
+        return Ok(false);
+    }
+    let target = bundle.join("rootfs");
+    std::fs::create_dir_all(&target)
+        .map_err(|e| ShimError::internal(format!("create {}", target.display()), e))?;
+    for m in mounts {
+        let fs_type = (!m.type_.is_empty()).then_some(m.type_.as_str());
+        let source = (!m.source.is_empty()).then_some(m.source.as_str());
+        if let Err(e) = containerd_shim::mount::mount_rootfs(fs_type, source, &m.options, &target) {
+            unmount_rootfs(bundle);
+            return Err(ShimError::internal(
+                format!("mount {} rootfs at {}", m.type_, target.display()),
+                e,
+            ));
+        }
+    }
+    Ok(true)
+}
+
+pub fn unmount_rootfs(bundle: &Path) {
+    let target = bundle.join("rootfs");
+    if let Some(t) = target.to_str() {
+        if let Err(e) = containerd_shim::mount::umount_recursive(Some(t), libc::MNT_DETACH) {
+            log::warn!("unmount {t}: {e}");
+        }
+    }
+}
+
+/// Removes what the shim made for a container: the rootfs mount, the network namespace and
+/// the record in the bundle.
+pub fn cleanup_bundle(bundle: &Path, rootfs_mounted: bool, netns: Option<&Path>) {
+    if rootfs_mounted {
+        unmount_rootfs(bundle);
+    }
+    if let Some(path) = netns {
+        netns::remove(path);
+    }
+    let _ = std::fs::remove_file(bundle.join(chalk_runtime::bundle::RECORD_FILE));
+}
+
+// ---- ttrpc adapter --------------------------------------------------------------------------
+
+fn rpc<T>(r: Result<T>) -> ttrpc::Result<T> {
+    r.map_err(|e| {
+        log::warn!("{e}");
+        e.into()
+    })
+}
+
+impl Task for TaskService {
+    fn create(
+        &self,
+        _: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> ttrpc::Result<CreateTaskResponse> {
+        log::info!("create {}", req.id);
+        rpc(TaskService::create(self, &req).map(|pid| {
+            let mut resp = CreateTaskResponse::new();
+            resp.pid = pid;
+            resp
+        }))
+    }
+
+    fn start(&self, _: &TtrpcContext, req: StartRequest) -> ttrpc::Result<StartResponse> {
+        rpc(TaskService::start(self, &req.id, &req.exec_id).map(|pid| {
+            let mut resp = StartResponse::new();
+            resp.pid = pid;
+            resp
+        }))
+    }
+
+    fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> ttrpc::Result<Empty> {
+        rpc(TaskService::exec(self, &req).map(|()| Empty::new()))
+    }
+
+    fn kill(&self, _: &TtrpcContext, req: KillRequest) -> ttrpc::Result<Empty> {
+        rpc(TaskService::kill(self, &req).map(|()| Empty::new()))
+    }
+
+    fn wait(&self, _: &TtrpcContext, req: WaitRequest) -> ttrpc::Result<WaitResponse> {
+        rpc(TaskService::wait(self, &req.id, &req.exec_id).map(|exit| {
+            let mut resp = WaitResponse::new();
+            resp.exit_status = exit.status;
+            resp.exited_at = Some(timestamp(exit.at)).into();
+            resp
+        }))
+    }
+
+    fn state(&self, _: &TtrpcContext, req: StateRequest) -> ttrpc::Result<StateResponse> {
+        rpc(TaskService::state(self, &req.id, &req.exec_id))
+    }
+
+    fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> ttrpc::Result<DeleteResponse> {
+        rpc(
+            TaskService::delete(self, &req.id, &req.exec_id).map(|(pid, exit)| {
+                let mut resp = DeleteResponse::new();
+                resp.pid = pid;
+                resp.exit_status = exit.status;
+                resp.exited_at = Some(timestamp(exit.at)).into();
+                resp
+            }),
+        )
+    }
+
+    fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> ttrpc::Result<PidsResponse> {
+        rpc(TaskService::pids(self, &req.id).map(|processes| {
+            let mut resp = PidsResponse::new();
+            resp.processes = processes;
+            resp
+        }))
+    }
+
+    fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> ttrpc::Result<Empty> {
+        rpc(TaskService::pause(self, &req.id).map(|()| Empty::new()))
+    }
+
+    fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> ttrpc::Result<Empty> {
+        rpc(TaskService::resume(self, &req.id).map(|()| Empty::new()))
+    }
+
+    fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
+        rpc(TaskService::stats(self, &req.id).map(|any| {
+            let mut resp = StatsResponse::new();
+            resp.stats = Some(any).into();
+            resp
+        }))
+    }
+
+    fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
+        rpc(TaskService::update(self, &req.id, req.resources.as_ref()).map(|()| Empty::new()))
+    }
+
+    fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> ttrpc::Result<Empty> {
+        rpc(TaskService::close_io(self, &req.id, &req.exec_id).map(|()| Empty::new()))
+    }
+
+    fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
+        rpc(
+            TaskService::resize_pty(self, &req.id, &req.exec_id, req.width, req.height)
+                .map(|()| Empty::new()),
+        )
+    }
+
+    fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> ttrpc::Result<ConnectResponse> {
+        Ok(TaskService::connect(self, &req.id))
+    }
+
+    fn shutdown(&self, _: &TtrpcContext, _: ShutdownRequest) -> ttrpc::Result<Empty> {
+        TaskService::shutdown(self);
+        Ok(Empty::new())
+    }
+
+    fn checkpoint(
+        &self,
+        _: &TtrpcContext,
+        req: containerd_shim::api::CheckpointTaskRequest,
+    ) -> ttrpc::Result<Empty> {
+        rpc(Err(ShimError::Unimplemented(format!(
+            "checkpoint of {}: not supported by this release of io.containerd.chalk.v1",
+            req.id
+        ))))
+    }
+}
