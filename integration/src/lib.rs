@@ -1,6 +1,7 @@
 //! Test harness for chalk-shim: a private containerd with the shim registered, and a tiny OCI
 //! image built from the host's static busybox (no registry is needed or reached).
 
+pub mod api;
 pub mod containerd;
 pub mod image;
 

@@ -1,1 +1,802 @@
-fn main() {}
+//! End-to-end tests: a private containerd (Debian's, or `CHALK_CONTAINERD`), the real runsc and
+//! the chalk shim, driven through containerd's own `ctr` and gRPC API. Nothing is faked.
+
+use std::{
+    io::Read,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use chalk_integration::{api::Api, containerd::IMAGE, Containerd, CtrOutput, RUNTIME};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+type TestResult = Result<(), Failed>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(Failed::from(format!($($fmt)+)));
+        }
+    };
+}
+
+struct Env {
+    c: Containerd,
+}
+
+/// A `ctr` running in the background (a foreground `ctr run` or `ctr task exec`).
+struct Background(Child);
+
+impl Background {
+    fn finish(self) -> CtrOutput {
+        self.0.wait_with_output().expect("wait ctr").into()
+    }
+}
+
+impl Env {
+    fn ctr(&self, args: &[&str]) -> CtrOutput {
+        self.c.ctr(args)
+    }
+
+    fn run_rm(&self, id: &str, extra: &[&str], cmd: &[&str]) -> CtrOutput {
+        let mut args = vec!["run", "--rm", "--runtime", RUNTIME];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[IMAGE, id]);
+        args.extend_from_slice(cmd);
+        self.ctr(&args)
+    }
+
+    fn run_detached(&self, id: &str, cmd: &[&str]) -> TestResult {
+        let mut args = vec!["run", "-d", "--runtime", RUNTIME, IMAGE, id];
+        args.extend_from_slice(cmd);
+        let out = self.ctr(&args);
+        ensure!(
+            out.code == 0,
+            "ctr run -d {id}: {} {}",
+            out.stdout,
+            out.stderr
+        );
+        Ok(())
+    }
+
+    fn background(&self, args: &[&str]) -> Background {
+        let child = self
+            .c
+            .ctr_command()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ctr");
+        Background(child)
+    }
+
+    /// The task's status column from `ctr task ls`, e.g. RUNNING.
+    fn task_status(&self, id: &str) -> Option<String> {
+        self.ctr(&["task", "ls"])
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .and_then(|l| l.split_whitespace().nth(2).map(String::from))
+    }
+
+    fn wait_status(&self, id: &str, want: &str, timeout: Duration) -> TestResult {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.task_status(id);
+            if status.as_deref() == Some(want) {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "task {id} is {status:?}, not {want} after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn task_pid(&self, id: &str) -> Option<i32> {
+        self.ctr(&["task", "ls"])
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+    }
+
+    /// Kills, deletes the task and removes the container; errors ignored (best effort).
+    fn remove(&self, id: &str) {
+        self.ctr(&["task", "kill", "-a", "-s", "SIGKILL", id]);
+        let _ = self.wait_status(id, "STOPPED", Duration::from_secs(10));
+        self.ctr(&["task", "delete", id]);
+        self.ctr(&["containers", "rm", id]);
+    }
+
+    fn bundle(&self, id: &str) -> PathBuf {
+        self.c
+            .dir()
+            .join("state/io.containerd.runtime.v2.task")
+            .join(&self.c.namespace)
+            .join(id)
+    }
+
+    /// Checks that no trace of container `id` is left: no runsc process, runsc state, mount,
+    /// bundle or network namespace.
+    fn assert_clean(&self, id: &str) -> TestResult {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let leftovers = self.leftovers(id);
+            if leftovers.is_empty() {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "{id} left behind: {leftovers:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn leftovers(&self, id: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let is_runsc = args.iter().any(|a| a.contains("runsc"));
+            if is_runsc && args.iter().any(|a| a == id) {
+                found.push(format!(
+                    "process {}: {}",
+                    entry.file_name().to_string_lossy(),
+                    args.join(" ")
+                ));
+            }
+        }
+        let root = self.c.runsc_root();
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.contains(id) {
+                found.push(format!("runsc state {name}"));
+            }
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let here = self.c.dir().display().to_string();
+        let mine = |l: &&str| l.contains(&here) || l.contains("/run/chalk");
+        for m in mounts
+            .lines()
+            .filter(mine)
+            .filter(|l| l.contains(&format!("/{id}/")) || l.contains(&format!("-{id} ")))
+        {
+            found.push(format!("mount {m}"));
+        }
+        if self.bundle(id).exists() {
+            found.push(format!("bundle {}", self.bundle(id).display()));
+        }
+        found
+    }
+
+    /// Writes a runtime options file and returns its path.
+    fn options_file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.c.dir().join(name);
+        std::fs::write(&path, text).expect("write options");
+        path
+    }
+
+    fn api(&self) -> Api {
+        Api::connect(&self.c.socket(), &self.c.namespace).expect("connect to containerd")
+    }
+}
+
+// ---- run, exit statuses, output -------------------------------------------------------------
+
+fn run_rm_echo(e: &Env) -> TestResult {
+    let out = e.run_rm("echo", &[], &["echo", "hi"]);
+    ensure!(out.code == 0 && out.stdout == "hi\n", "got {out:?}");
+    e.assert_clean("echo")
+}
+
+fn exit_code_is_exact(e: &Env) -> TestResult {
+    let out = e.run_rm("exit7", &[], &["sh", "-c", "exit 7"]);
+    ensure!(out.code == 7, "exit 7 gave {out:?}");
+    let out = e.run_rm("selfkill", &[], &["sh", "-c", "kill -9 $$"]);
+    ensure!(out.code == 137, "a SIGKILLed init gave {out:?}");
+    Ok(())
+}
+
+fn kill_gives_128_plus_signal(e: &Env) -> TestResult {
+    let fg = e.background(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "killed",
+        "sleep",
+        "1000",
+    ]);
+    e.wait_status("killed", "RUNNING", Duration::from_secs(20))?;
+    let out = e.ctr(&["task", "kill", "-s", "SIGKILL", "killed"]);
+    ensure!(out.code == 0, "kill: {out:?}");
+    let out = fg.finish();
+    ensure!(out.code == 137, "ctr run of a SIGKILLed task gave {out:?}");
+    e.assert_clean("killed")
+}
+
+fn wait_returns_status_and_exit_time(e: &Env) -> TestResult {
+    let before = SystemTime::now();
+    e.run_detached("waited", &["sh", "-c", "sleep 0.5; exit 5"])?;
+    let (status, at) = e.api().wait("waited", "").map_err(Failed::from)?;
+    let after = SystemTime::now();
+    e.remove("waited");
+    ensure!(status == 5, "Wait gave status {status}");
+    ensure!(
+        at >= before && at <= after,
+        "exit time {at:?} outside [{before:?}, {after:?}]"
+    );
+    Ok(())
+}
+
+fn output_is_never_lost(e: &Env) -> TestResult {
+    let out = e.run_rm("seq", &[], &["sh", "-c", "seq 1 100000"]);
+    ensure!(out.code == 0, "seq: {}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    ensure!(lines.len() == 100000, "got {} lines", lines.len());
+    ensure!(
+        lines.last() == Some(&"100000"),
+        "last line {:?}",
+        lines.last()
+    );
+    let out = e.run_rm("stderr", &[], &["sh", "-c", "echo to-err >&2; echo to-out"]);
+    ensure!(
+        out.stdout == "to-out\n" && out.stderr.contains("to-err"),
+        "got {out:?}"
+    );
+    Ok(())
+}
+
+fn stdin_reaches_the_process_and_close_io_ends_it(e: &Env) -> TestResult {
+    let out = e.c.ctr_with_input(
+        [
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            IMAGE,
+            "stdin",
+            "sh",
+            "-c",
+            "cat; echo done",
+        ],
+        b"hello through stdin\n",
+    );
+    ensure!(out.code == 0, "{out:?}");
+    ensure!(
+        out.stdout == "hello through stdin\ndone\n",
+        "got {:?}",
+        out.stdout
+    );
+    Ok(())
+}
+
+// ---- exec ------------------------------------------------------------------------------------
+
+fn exec_has_its_own_status_and_output(e: &Env) -> TestResult {
+    e.run_detached("execs", &["sleep", "1000"])?;
+    let result = (|| {
+        let out = e.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "e1",
+            "execs",
+            "sh",
+            "-c",
+            "echo from-exec; exit 3",
+        ]);
+        ensure!(
+            out.code == 3 && out.stdout == "from-exec\n",
+            "exec gave {out:?}"
+        );
+        let fg = e.background(&["task", "exec", "--exec-id", "e2", "execs", "sleep", "1000"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = e.ctr(&["task", "kill", "--exec-id", "e2", "-s", "SIGKILL", "execs"]);
+            if out.code == 0 {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "could not kill exec e2: {out:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = fg.finish();
+        ensure!(out.code == 137, "SIGKILLed exec gave {out:?}");
+        ensure!(
+            e.task_status("execs").as_deref() == Some("RUNNING"),
+            "init must survive its execs"
+        );
+        let out = e.ctr(&["task", "exec", "--exec-id", "e3", "execs", "/nonexistent"]);
+        ensure!(
+            out.code != 0 && out.stderr.contains("nonexistent"),
+            "bad exec gave {out:?}"
+        );
+        Ok(())
+    })();
+    e.remove("execs");
+    result?;
+    e.assert_clean("execs")
+}
+
+fn kill_all_stops_every_process(e: &Env) -> TestResult {
+    e.run_detached("killall", &["sh", "-c", "sleep 1000 & sleep 1000 & wait"])?;
+    let out = e.ctr(&["task", "kill", "-a", "-s", "SIGKILL", "killall"]);
+    ensure!(out.code == 0, "kill -a: {out:?}");
+    e.wait_status("killall", "STOPPED", Duration::from_secs(20))?;
+    let out = e.ctr(&["task", "kill", "-s", "SIGKILL", "killall"]);
+    ensure!(
+        out.code != 0 && out.stderr.contains("already finished"),
+        "kill of a stopped task: {out:?}"
+    );
+    e.remove("killall");
+    e.assert_clean("killall")
+}
+
+// ---- pause, resume, ps, metrics, update ----------------------------------------------------
+
+fn pause_resume_and_pids(e: &Env) -> TestResult {
+    e.run_detached(
+        "paused",
+        &[
+            "sh",
+            "-c",
+            "while true; do date +%s%N > /tmp/t; sleep 0.1; done",
+        ],
+    )?;
+    let result = (|| {
+        let ps = e.ctr(&["task", "ps", "paused"]);
+        ensure!(ps.code == 0 && ps.stdout.lines().count() >= 2, "ps: {ps:?}");
+        ensure!(
+            ps.stdout
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some("1")),
+            "pid 1 in ps: {ps:?}"
+        );
+        let out = e.ctr(&["task", "pause", "paused"]);
+        ensure!(out.code == 0, "pause: {out:?}");
+        ensure!(
+            e.task_status("paused").as_deref() == Some("PAUSED"),
+            "not PAUSED"
+        );
+        let out = e.ctr(&["task", "pause", "paused"]);
+        ensure!(out.code != 0, "pausing twice must fail");
+        let out = e.ctr(&["task", "resume", "paused"]);
+        ensure!(out.code == 0, "resume: {out:?}");
+        ensure!(
+            e.task_status("paused").as_deref() == Some("RUNNING"),
+            "not RUNNING after resume"
+        );
+        let out = e.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "after",
+            "paused",
+            "cat",
+            "/tmp/t",
+        ]);
+        ensure!(out.code == 0, "exec after resume: {out:?}");
+        Ok(())
+    })();
+    e.remove("paused");
+    result
+}
+
+fn metrics_report_sandbox_usage(e: &Env) -> TestResult {
+    e.run_detached("metrics", &["sh", "-c", "sleep 1000 & sleep 1000"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = e.ctr(&["task", "metrics", "metrics"]);
+    e.remove("metrics");
+    ensure!(out.code == 0, "metrics: {out:?}");
+    let value = |name: &str| -> Option<u64> {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    ensure!(
+        value("memory.usage_in_bytes").unwrap_or(0) > 0,
+        "memory usage: {}",
+        out.stdout
+    );
+    ensure!(
+        value("cpuacct.usage").unwrap_or(0) > 0,
+        "cpu usage: {}",
+        out.stdout
+    );
+    ensure!(
+        value("pids.current").unwrap_or(0) >= 2,
+        "pids: {}",
+        out.stdout
+    );
+    Ok(())
+}
+
+fn update_changes_the_sandbox_limits(e: &Env) -> TestResult {
+    e.run_detached("updated", &["sleep", "1000"])?;
+    let result = (|| {
+        let pid = e.task_pid("updated").ok_or("no pid")?;
+        let cgroup =
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| e.to_string())?;
+        let rel = cgroup
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))
+            .ok_or("no memory cgroup")?;
+        let limit_file = PathBuf::from("/sys/fs/cgroup/memory")
+            .join(rel.trim_start_matches('/'))
+            .join("memory.limit_in_bytes");
+        let limit = 300 * 1024 * 1024u64;
+        e.api()
+            .update_resources("updated", &serde_json::json!({"memory": {"limit": limit}}))
+            .map_err(Failed::from)?;
+        let now = std::fs::read_to_string(&limit_file).map_err(|e| e.to_string())?;
+        ensure!(
+            now.trim() == limit.to_string(),
+            "{} reads {now}",
+            limit_file.display()
+        );
+        Ok(())
+    })();
+    e.remove("updated");
+    result
+}
+
+// ---- TTY ---------------------------------------------------------------------------------------
+
+/// Runs a ctr command under `script`, which gives it a pseudo-terminal of 45 rows, 123 columns.
+fn under_terminal(e: &Env, ctr_args: &str) -> CtrOutput {
+    let ctr = format!(
+        "ctr --address {} --namespace {}",
+        e.c.socket().display(),
+        e.c.namespace
+    );
+    let ctr = match std::env::var("CHALK_CTR") {
+        Ok(p) if !p.is_empty() => ctr.replacen("ctr", &p, 1),
+        _ => ctr,
+    };
+    Command::new("script")
+        .args([
+            "-qefc",
+            &format!("stty cols 123 rows 45; {ctr} {ctr_args}"),
+            "/dev/null",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script")
+        .into()
+}
+
+fn tty_and_resize(e: &Env) -> TestResult {
+    let out = under_terminal(
+        e,
+        &format!("run --rm -t --runtime {RUNTIME} {IMAGE} tty sh -c 'test -t 0 && test -t 1 && echo is-a-tty; stty size'"),
+    );
+    ensure!(out.code == 0, "tty run: {out:?}");
+    ensure!(
+        out.stdout.contains("is-a-tty"),
+        "stdin/stdout are not a terminal: {:?}",
+        out.stdout
+    );
+    ensure!(
+        out.stdout.contains("45 123"),
+        "ResizePty did not reach the sandbox: {:?}",
+        out.stdout
+    );
+
+    e.run_detached("ttyexec", &["sleep", "1000"])?;
+    let out = under_terminal(
+        e,
+        "task exec -t --exec-id t1 ttyexec sh -c 'tty; stty size; exit 4'",
+    );
+    e.remove("ttyexec");
+    ensure!(out.code == 4, "tty exec status: {out:?}");
+    ensure!(
+        out.stdout.contains("45 123"),
+        "exec tty size: {:?}",
+        out.stdout
+    );
+    e.assert_clean("tty")
+}
+
+// ---- events ------------------------------------------------------------------------------------
+
+fn events_cover_the_lifecycle(e: &Env) -> TestResult {
+    let mut events = e.background(&["events"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let steps = (|| {
+        e.run_detached("evented", &["sleep", "1000"])?;
+        let out = e.ctr(&["task", "exec", "--exec-id", "ev1", "evented", "true"]);
+        ensure!(out.code == 0, "exec: {out:?}");
+        ensure!(e.ctr(&["task", "pause", "evented"]).code == 0, "pause");
+        ensure!(e.ctr(&["task", "resume", "evented"]).code == 0, "resume");
+        e.remove("evented");
+        Ok(())
+    })();
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = events.0.kill();
+    let mut text = String::new();
+    events
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .ok();
+    let _ = events.0.wait();
+    steps?;
+    let mine: Vec<&str> = text.lines().filter(|l| l.contains("\"evented\"")).collect();
+    for topic in [
+        "/tasks/create",
+        "/tasks/start",
+        "/tasks/exec-added",
+        "/tasks/exec-started",
+        "/tasks/exit",
+        "/tasks/paused",
+        "/tasks/resumed",
+        "/tasks/delete",
+    ] {
+        ensure!(
+            mine.iter().any(|l| l.contains(topic)),
+            "no {topic} event in:\n{}",
+            mine.join("\n")
+        );
+    }
+    let order: Vec<usize> = ["/tasks/create", "/tasks/start", "/tasks/delete"]
+        .iter()
+        .map(|t| mine.iter().position(|l| l.contains(t)).unwrap())
+        .collect();
+    ensure!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "events out of order:\n{}",
+        mine.join("\n")
+    );
+    Ok(())
+}
+
+fn oom_is_reported(e: &Env) -> TestResult {
+    let mut events = e.background(&["events"]);
+    std::thread::sleep(Duration::from_millis(300));
+    // 64 MiB limit, 256 MiB written to the sandbox's in-memory /dev/shm.
+    let out = e.run_rm(
+        "oom",
+        &["--memory-limit", "67108864"],
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/dev/shm/fill bs=1M count=256; sleep 5",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = events.0.kill();
+    let mut text = String::new();
+    events
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .ok();
+    let _ = events.0.wait();
+    ensure!(
+        out.code == 137,
+        "an OOM-killed sandbox exits 137, got {out:?}"
+    );
+    ensure!(
+        text.lines()
+            .any(|l| l.contains("/tasks/oom") && l.contains("\"oom\"")),
+        "no /tasks/oom event:\n{text}"
+    );
+    e.assert_clean("oom")
+}
+
+// ---- failures and cleanup -----------------------------------------------------------------------
+
+fn bad_process_fails_with_reason_and_leaves_nothing(e: &Env) -> TestResult {
+    let out = e.run_rm("badproc", &[], &["/does/not/exist"]);
+    ensure!(out.code != 0, "a missing binary must fail: {out:?}");
+    ensure!(
+        out.stderr.contains("/does/not/exist"),
+        "error should name the binary: {}",
+        out.stderr
+    );
+    // ctr deletes the failed task itself; if it is still listed it must read stopped.
+    if e.task_status("badproc").is_some() {
+        e.wait_status("badproc", "STOPPED", Duration::from_secs(10))?;
+        let del = e.ctr(&["task", "delete", "badproc"]);
+        ensure!(del.code == 0, "task delete: {del:?}");
+    }
+    e.ctr(&["containers", "rm", "badproc"]);
+    e.assert_clean("badproc")
+}
+
+fn missing_runsc_is_a_clear_error(e: &Env) -> TestResult {
+    let opts = e.options_file(
+        "missing-runsc.toml",
+        &format!(
+            "binary_name = \"/nonexistent/runsc\"\nroot = \"{}\"\n",
+            e.c.dir().join("runsc").display()
+        ),
+    );
+    let out = e.run_rm(
+        "norunsc",
+        &["--runtime-config-path", opts.to_str().unwrap()],
+        &["true"],
+    );
+    e.ctr(&["containers", "rm", "norunsc"]);
+    ensure!(out.code != 0, "must fail: {out:?}");
+    ensure!(
+        out.stderr.contains("/nonexistent/runsc") && out.stderr.contains("binary_name"),
+        "error should name the binary and the option: {}",
+        out.stderr
+    );
+    e.assert_clean("norunsc")
+}
+
+fn bad_options_are_named(e: &Env) -> TestResult {
+    for (name, text, needle) in [
+        ("unknown-key.toml", "bogus_key = 1\n", "bogus_key"),
+        (
+            "unknown-flag.toml",
+            "[runsc_config]\nno-such-flag = \"x\"\n",
+            "no-such-flag",
+        ),
+        ("bad-value.toml", "log_level = \"loud\"\n", "loud"),
+    ] {
+        let opts = e.options_file(name, text);
+        let id = format!("badopt-{}", name.trim_end_matches(".toml"));
+        let out = e.run_rm(
+            &id,
+            &["--runtime-config-path", opts.to_str().unwrap()],
+            &["true"],
+        );
+        e.ctr(&["containers", "rm", &id]);
+        ensure!(
+            out.code != 0 && out.stderr.contains(needle),
+            "{name}: {out:?}"
+        );
+        e.assert_clean(&id)?;
+    }
+    Ok(())
+}
+
+fn runsc_debug_log_when_asked(e: &Env) -> TestResult {
+    let logs = e.c.dir().join("runsc-logs");
+    let opts = e.options_file(
+        "debug.toml",
+        &format!(
+            "root = \"{}\"\n[runsc_config]\nplatform = \"ptrace\"\nnetwork = \"none\"\ndebug = true\ndebug-log = \"{}/%ID%/\"\n",
+            e.c.dir().join("runsc").display(),
+            logs.display()
+        ),
+    );
+    let out = e.run_rm(
+        "debuglog",
+        &["--runtime-config-path", opts.to_str().unwrap()],
+        &["echo", "x"],
+    );
+    ensure!(out.code == 0 && out.stdout == "x\n", "{out:?}");
+    let files = std::fs::read_dir(logs.join("debuglog"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    ensure!(files > 0, "no runsc debug logs under {}", logs.display());
+    Ok(())
+}
+
+fn shim_logs_reach_containerd(e: &Env) -> TestResult {
+    let out = e.run_rm("logged", &[], &["true"]);
+    ensure!(out.code == 0, "{out:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    ensure!(
+        e.c.log().contains("create logged"),
+        "containerd's log has no shim line for the create"
+    );
+    Ok(())
+}
+
+fn dead_shim_is_cleaned_up(e: &Env) -> TestResult {
+    e.run_detached("orphan", &["sleep", "1000"])?;
+    let shim = find_shim("orphan").ok_or("no shim process for orphan")?;
+    // SAFETY: kill(2) of the shim we just found.
+    unsafe { libc::kill(shim, libc::SIGKILL) };
+    // containerd notices, runs `containerd-shim-chalk-v1 delete`, which removes the sandbox.
+    e.wait_status("orphan", "STOPPED", Duration::from_secs(30))
+        .or_else(|_| {
+            ensure!(
+                e.task_status("orphan").is_none(),
+                "task neither stopped nor gone"
+            );
+            Ok(())
+        })?;
+    e.ctr(&["task", "delete", "orphan"]);
+    e.ctr(&["containers", "rm", "orphan"]);
+    e.assert_clean("orphan")
+}
+
+fn find_shim(id: &str) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let is_shim = args.first()?.ends_with("containerd-shim-chalk-v1");
+            let has_id = args.windows(2).any(|w| w[0] == "-id" && w[1] == id);
+            (is_shim && has_id).then(|| entry.file_name().to_str()?.parse().ok())?
+        })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
+    c.import_busybox()
+        .unwrap_or_else(|e| panic!("cannot import the busybox image: {e}"));
+    let env = Arc::new(Env { c });
+
+    type Case = fn(&Env) -> TestResult;
+    let cases: &[(&str, Case)] = &[
+        ("run_rm_echo", run_rm_echo),
+        ("exit_code_is_exact", exit_code_is_exact),
+        ("kill_gives_128_plus_signal", kill_gives_128_plus_signal),
+        (
+            "wait_returns_status_and_exit_time",
+            wait_returns_status_and_exit_time,
+        ),
+        ("output_is_never_lost", output_is_never_lost),
+        (
+            "stdin_reaches_the_process_and_close_io_ends_it",
+            stdin_reaches_the_process_and_close_io_ends_it,
+        ),
+        (
+            "exec_has_its_own_status_and_output",
+            exec_has_its_own_status_and_output,
+        ),
+        ("kill_all_stops_every_process", kill_all_stops_every_process),
+        ("pause_resume_and_pids", pause_resume_and_pids),
+        ("metrics_report_sandbox_usage", metrics_report_sandbox_usage),
+        (
+            "update_changes_the_sandbox_limits",
+            update_changes_the_sandbox_limits,
+        ),
+        ("tty_and_resize", tty_and_resize),
+        ("events_cover_the_lifecycle", events_cover_the_lifecycle),
+        ("oom_is_reported", oom_is_reported),
+        (
+            "bad_process_fails_with_reason_and_leaves_nothing",
+            bad_process_fails_with_reason_and_leaves_nothing,
+        ),
+        (
+            "missing_runsc_is_a_clear_error",
+            missing_runsc_is_a_clear_error,
+        ),
+        ("bad_options_are_named", bad_options_are_named),
+        ("runsc_debug_log_when_asked", runsc_debug_log_when_asked),
+        ("shim_logs_reach_containerd", shim_logs_reach_containerd),
+        ("dead_shim_is_cleaned_up", dead_shim_is_cleaned_up),
+    ];
+    let trials = cases
+        .iter()
+        .map(|&(name, case)| {
+            let env = env.clone();
+            Trial::test(name, move || case(&env))
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(env);
+    conclusion.exit();
+}

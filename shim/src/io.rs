@@ -6,18 +6,19 @@
 use std::{
     fs::{File, OpenOptions},
     io,
+    io::{Read, Write},
     os::{
         fd::AsRawFd,
         unix::{fs::OpenOptionsExt, net::UnixListener},
     },
     path::{Path, PathBuf},
-    thread::JoinHandle,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use chalk_runtime::runsc::ProcessStdio;
 use nix::{
-    fcntl::{fcntl, FcntlArg, OFlag},
+    fcntl::OFlag,
     sys::socket::{recvmsg, ControlMessageOwned, MsgFlags},
 };
 
@@ -68,24 +69,6 @@ fn absolute(path: &str) -> io::Result<PathBuf> {
     Ok(p)
 }
 
-fn clear_nonblock(f: &File) -> io::Result<()> {
-    let flags = OFlag::from_bits_truncate(fcntl(f, FcntlArg::F_GETFL)?);
-    fcntl(f, FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK))?;
-    Ok(())
-}
-
-/// Opens the read end of the stdin fifo without waiting for a writer, plus a write end the shim
-/// keeps so the process sees no EOF before containerd's writer opens. CloseIO drops the keeper.
-fn open_stdin(path: &Path) -> io::Result<(File, File)> {
-    let reader = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let keeper = OpenOptions::new().write(true).open(path)?;
-    clear_nonblock(&reader)?;
-    Ok((reader, keeper))
-}
-
 /// Opens an output stream for writing without blocking on containerd's reader.
 fn open_output(target: &Target) -> io::Result<Option<File>> {
     match target {
@@ -114,31 +97,52 @@ fn open_output(target: &Target) -> io::Result<Option<File>> {
     }
 }
 
-fn open_stdin_target(uri: &str) -> io::Result<Option<(File, File)>> {
-    match parse_target(uri)? {
-        Target::None => Ok(None),
-        Target::Fifo(path) => open_stdin(&path).map(Some),
-        Target::File(path) => {
-            // A file as stdin: no keeper needed, EOF is the file's end.
-            let f = File::open(&path)?;
-            let keeper = File::open("/dev/null")?;
-            Ok(Some((f, keeper)))
-        }
-    }
+/// Where stdin bytes go: the process's stdin pipe or a pty master. CloseIO empties it.
+type StdinSink = Arc<Mutex<Option<File>>>;
+
+/// Copies containerd's stdin fifo into `sink` on a thread of its own. The fifo is opened in
+/// blocking mode, which waits for containerd's writer, so the process sees EOF exactly when
+/// containerd closes its end (or when CloseIO empties the sink), never before it connects.
+fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
+    let source = match parse_target(uri)? {
+        Target::None => return Ok(()),
+        Target::Fifo(path) | Target::File(path) => path,
+    };
+    std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            if let Ok(mut fifo) = File::open(&source) {
+                let mut buf = [0u8; 32 * 1024];
+                loop {
+                    let n = match fifo.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let mut guard = sink.lock().unwrap();
+                    let Some(out) = guard.as_mut() else { break };
+                    if out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+            sink.lock().unwrap().take();
+        })?;
+    Ok(())
 }
 
 /// What the shim holds for a running process's stdio.
 #[derive(Default)]
 pub struct ProcessIo {
-    stdin_keeper: Option<File>,
+    stdin: Option<StdinSink>,
     console: Option<File>,
-    copiers: Vec<JoinHandle<()>>,
 }
 
 impl ProcessIo {
-    /// Ends the process's stdin once containerd's own writer is closed.
+    /// Ends the process's stdin (CloseIO).
     pub fn close_stdin(&mut self) {
-        self.stdin_keeper = None;
+        if let Some(sink) = self.stdin.take() {
+            sink.lock().unwrap().take();
+        }
     }
 
     /// Resizes the TTY, if the process has one.
@@ -158,56 +162,53 @@ impl ProcessIo {
         }
         Ok(())
     }
-
-    /// Waits for the TTY copiers to drain; called when the process is gone.
-    pub fn join_copiers(&mut self) {
-        for handle in self.copiers.drain(..) {
-            let _ = handle.join();
-        }
-    }
 }
 
-/// Opens stdio for a process without a terminal: the files go to runsc, the keeper stays here.
+/// Opens stdio for a process without a terminal. Output files go straight to runsc; stdin
+/// goes through a pipe fed by the shim, so that its end is under the shim's control.
 pub fn open_plain(paths: &StdioPaths) -> io::Result<(ProcessStdio, ProcessIo)> {
-    let stdin = open_stdin_target(&paths.stdin)?;
     let stdout = open_output(&parse_target(&paths.stdout)?)?;
     let stderr = open_output(&parse_target(&paths.stderr)?)?;
-    let (stdin, keeper) = match stdin {
-        Some((reader, keeper)) => (Some(reader), Some(keeper)),
-        None => (None, None),
+    let mut pio = ProcessIo::default();
+    let stdin = if paths.stdin.is_empty() {
+        None
+    } else {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let sink: StdinSink = Arc::new(Mutex::new(Some(File::from(write))));
+        spawn_stdin_copier(&paths.stdin, sink.clone())?;
+        pio.stdin = Some(sink);
+        Some(File::from(read))
     };
     Ok((
         ProcessStdio {
             stdin,
             stdout,
             stderr,
+            terminal: false,
         },
-        ProcessIo {
-            stdin_keeper: keeper,
-            ..Default::default()
-        },
+        pio,
     ))
 }
 
 /// Starts copying between a received pty master and the process's fifos.
 pub fn attach_console(paths: &StdioPaths, master: File) -> io::Result<ProcessIo> {
-    let mut io = ProcessIo::default();
-    if let Some((mut reader, keeper)) = open_stdin_target(&paths.stdin)? {
-        io.stdin_keeper = Some(keeper);
-        let mut to_master = master.try_clone()?;
-        io.copiers.push(std::thread::spawn(move || {
-            let _ = std::io::copy(&mut reader, &mut to_master);
-        }));
+    let mut pio = ProcessIo::default();
+    if !paths.stdin.is_empty() {
+        let sink: StdinSink = Arc::new(Mutex::new(Some(master.try_clone()?)));
+        spawn_stdin_copier(&paths.stdin, sink.clone())?;
+        pio.stdin = Some(sink);
     }
     if let Some(mut out) = open_output(&parse_target(&paths.stdout)?)? {
         let mut from_master = master.try_clone()?;
         // Ends with EIO once every slave end is closed; dropping `out` then gives containerd EOF.
-        io.copiers.push(std::thread::spawn(move || {
-            let _ = std::io::copy(&mut from_master, &mut out);
-        }));
+        std::thread::Builder::new()
+            .name("tty-out".into())
+            .spawn(move || {
+                let _ = std::io::copy(&mut from_master, &mut out);
+            })?;
     }
-    io.console = Some(master);
-    Ok(io)
+    pio.console = Some(master);
+    Ok(pio)
 }
 
 /// A unix socket on which runsc sends the pty master of a process with a terminal.
@@ -306,8 +307,7 @@ mod tests {
     }
 
     #[test]
-    fn fifo_output_opens_without_reader_and_stdin_waits_for_close() {
-        use std::io::{Read, Write};
+    fn stdin_ends_with_containerds_writer_or_close_io_and_output_opens_without_reader() {
         let dir = tempfile::tempdir().unwrap();
         let (i, o) = (dir.path().join("in"), dir.path().join("out"));
         for p in [&i, &o] {
@@ -319,7 +319,7 @@ mod tests {
             ..Default::default()
         };
         // Opening must not block although nobody reads `out` or writes `in` yet.
-        let (stdio, mut pio) = open_plain(&paths).unwrap();
+        let (stdio, _pio) = open_plain(&paths).unwrap();
         let mut containerd_reader = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -330,13 +330,23 @@ mod tests {
         containerd_reader.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"hi");
 
+        let mut process_stdin = stdio.stdin.unwrap();
         let mut containerd_writer = OpenOptions::new().write(true).open(&i).unwrap();
         containerd_writer.write_all(b"x").unwrap();
-        drop(containerd_writer);
-        let mut process_stdin = stdio.stdin.unwrap();
         let mut buf = [0u8; 8];
         assert_eq!(process_stdin.read(&mut buf).unwrap(), 1);
+        drop(containerd_writer);
+        assert_eq!(
+            process_stdin.read(&mut buf).unwrap(),
+            0,
+            "EOF once containerd closes"
+        );
+
+        // CloseIO ends stdin even while containerd keeps its end open.
+        let (stdio, mut pio) = open_plain(&paths).unwrap();
+        let _writer = OpenOptions::new().write(true).open(&i).unwrap();
         pio.close_stdin();
+        let mut process_stdin = stdio.stdin.unwrap();
         assert_eq!(
             process_stdin.read(&mut buf).unwrap(),
             0,

@@ -116,8 +116,14 @@ impl TaskService {
         &self.inner.events
     }
 
-    fn runsc_for(&self, opts: &RuntimeOptions, bundle: &Path) -> Result<Runsc> {
-        let flags = opts.runsc_flags().map_err(ShimError::InvalidArgument)?;
+    fn runsc_for(&self, opts: &RuntimeOptions, bundle: &Path, id: &str) -> Result<Runsc> {
+        // `%ID%` in a flag (e.g. debug-log) names the container, whatever the runsc release.
+        let flags = opts
+            .runsc_flags()
+            .map_err(ShimError::InvalidArgument)?
+            .into_iter()
+            .map(|f| f.replace("%ID%", id))
+            .collect();
         let root = opts.runsc_root(&self.inner.namespace)?;
         let runsc = Runsc::new(
             &opts.binary_name,
@@ -168,7 +174,7 @@ impl TaskService {
                 req.bundle
             )));
         }
-        let runsc = self.runsc_for(&opts, &bundle)?;
+        let runsc = self.runsc_for(&opts, &bundle, &req.id)?;
         create_private_dir(&runsc.global().root)?;
 
         let netns = self.prepare_netns(&opts, &bundle, &req.id)?;
@@ -372,7 +378,15 @@ impl TaskService {
         // The lock is held across runsc start so an exit cannot be reported before TaskStart.
         let mut st = c.state.lock().unwrap();
         let next = state::transition(id, st.init.status, Transition::Start)?;
-        c.runsc.start(id)?;
+        if let Err(e) = c.runsc.start(id) {
+            // A sandbox whose start failed can never run: end it, so the task reads stopped
+            // (as with runc) and its exit is reported, instead of lingering as created.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(st.init.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            return Err(e.into());
+        }
         st.init.status = next;
         let mut ev = TaskStart::new();
         ev.container_id = id.to_string();
@@ -444,11 +458,12 @@ impl TaskService {
         let next = state::transition(exec_id, p.status, Transition::Start)?;
         let pid_file = c.exec_pid_path(exec_id);
         let _ = std::fs::remove_file(&pid_file);
-        let (runsc_stdio, console) = if p.stdio.terminal {
-            (
-                ProcessStdio::default(),
-                Some(ConsoleSocket::new().map_err(|e| ShimError::internal("console socket", e))?),
-            )
+        let (runsc_stdio, master) = if p.stdio.terminal {
+            let pty = nix::pty::openpty(None, None)
+                .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
+            let stdio = ProcessStdio::terminal(pty.slave.into())
+                .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
+            (stdio, Some(std::fs::File::from(pty.master)))
         } else {
             let (s, pio) = io::open_plain(&p.stdio).map_err(|e| {
                 ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
@@ -456,13 +471,9 @@ impl TaskService {
             p.io = pio;
             (s, None)
         };
-        let mut child = c.runsc.exec(
-            &c.id,
-            &c.exec_spec_path(exec_id),
-            &pid_file,
-            runsc_stdio,
-            console.as_ref().map(|s| s.path()),
-        )?;
+        let mut child = c
+            .runsc
+            .exec(&c.id, &c.exec_spec_path(exec_id), &pid_file, runsc_stdio)?;
 
         // Started once runsc has written the in-sandbox pid; failed if runsc exits without it.
         let deadline = Instant::now() + START_TIMEOUT;
@@ -477,6 +488,12 @@ impl TaskService {
                 if let Some(pid) = read_pid(&pid_file) {
                     break pid;
                 }
+                // Never started: release any Wait on it, as the runc shim does.
+                p.status = Status::Stopped;
+                p.exit.set(ExitInfo {
+                    status: exited.unwrap_or(255) as u32,
+                    at: SystemTime::now(),
+                });
                 return Err(ShimError::Internal(format!(
                     "runsc exec {exec_id} in {}: {}",
                     c.id,
@@ -495,14 +512,7 @@ impl TaskService {
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        if let Some(console) = console {
-            let runsc_pid = child.pid();
-            let master = console
-                .receive(START_TIMEOUT, || {
-                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(runsc_pid as i32), None)
-                        .is_err()
-                })
-                .map_err(|e| ShimError::internal(format!("terminal of exec {exec_id}"), e))?;
+        if let Some(master) = master {
             p.io = io::attach_console(&p.stdio, master).map_err(|e| {
                 ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
             })?;
@@ -631,8 +641,7 @@ impl TaskService {
                 .get(exec_id)
                 .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
             state::check_deletable(exec_id, p.status)?;
-            let mut p = st.execs.remove(exec_id).expect("checked above");
-            p.io.join_copiers();
+            let p = st.execs.remove(exec_id).expect("checked above");
             let _ = std::fs::remove_file(c.exec_spec_path(exec_id));
             let _ = std::fs::remove_file(c.exec_pid_path(exec_id));
             return Ok((p.pid, p.exit_info()));
@@ -654,9 +663,16 @@ impl TaskService {
             }
         }
         {
+            // Nothing may wait forever on a process of a deleted container.
             let mut st = c.state.lock().unwrap();
-            st.init.io.join_copiers();
             st.init.status = Status::Stopped;
+            for p in st.execs.values_mut() {
+                p.status = Status::Stopped;
+                p.exit.set(ExitInfo {
+                    status: 255,
+                    at: SystemTime::now(),
+                });
+            }
         }
         cleanup_bundle(&c.bundle, c.rootfs_mounted, c.netns.as_deref());
         let _ = std::fs::remove_file(c.init_pid_path());

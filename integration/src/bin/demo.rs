@@ -111,6 +111,16 @@ fn run() -> Result<(), String> {
     check(&c.ctr(["task", "delete", "demo-counter"]), "task delete")?;
     check(&c.ctr(["containers", "rm", "demo-counter"]), "container rm")?;
 
+    if std::env::args().any(|a| a == "--keep") {
+        step("--keep: containerd stays up until you press Enter; try for example");
+        println!(
+            "ctr --address {} --namespace {} run --rm -t --runtime {RUNTIME} {IMAGE} shell sh",
+            c.socket().display(),
+            c.namespace
+        );
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
     step("done: containerd stops and its temp dir is removed");
     Ok(())
 }

@@ -32,11 +32,36 @@ pub struct ProcessStdio {
     pub stdin: Option<File>,
     pub stdout: Option<File>,
     pub stderr: Option<File>,
+    /// The three are one terminal's slave end: runsc gets it as its controlling terminal
+    /// (a foreground `runsc exec` uses its own terminal for a process that asks for one).
+    pub terminal: bool,
 }
 
 impl ProcessStdio {
+    /// Stdio for a process with a terminal: the slave end of a pty on all three.
+    pub fn terminal(slave: File) -> std::io::Result<Self> {
+        Ok(ProcessStdio {
+            stdin: Some(slave.try_clone()?),
+            stdout: Some(slave.try_clone()?),
+            stderr: Some(slave),
+            terminal: true,
+        })
+    }
+
     fn apply(self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
         let to_stdio = |f: Option<File>| f.map_or_else(Stdio::null, Stdio::from);
+        if self.terminal {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         cmd.stdin(to_stdio(self.stdin))
             .stdout(to_stdio(self.stdout))
             .stderr(to_stdio(self.stderr));
@@ -301,20 +326,21 @@ impl Runsc {
     }
 
     /// Starts a foreground `runsc exec`; it returns once runsc is spawned, not when the process
-    /// inside has started: poll `internal_pid_file` for that.
+    /// inside has started: poll `internal_pid_file` for that. A process that asks for a
+    /// terminal gets runsc's own: pass [`ProcessStdio::terminal`] (runsc honours a console
+    /// socket only for detached execs).
     pub fn exec(
         &self,
         id: &str,
         process_spec: &Path,
         internal_pid_file: &Path,
         stdio: ProcessStdio,
-        console_socket: Option<&Path>,
     ) -> Result<ExecChild> {
         let op = Op::Exec {
             id,
             process_spec,
             internal_pid_file,
-            console_socket,
+            console_socket: None,
         };
         let log_file = self.log_file(&op);
         let mut cmd = self.command(&op, &log_file);
