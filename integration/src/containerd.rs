@@ -22,27 +22,25 @@ fn program(var: &str, default: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(default))
 }
 
-/// Where the shim binary was built: `CHALK_SHIM_BINARY`, else next to this executable's
-/// target directory (target/<profile>/containerd-shim-chalk-v1), preferring release.
+/// Where the shim binary was built: `CHALK_SHIM_BINARY`, else the cargo profile directory
+/// this executable runs from (target/<profile>/, also for tests in target/<profile>/deps/).
 pub fn shim_binary() -> io::Result<PathBuf> {
     if let Some(p) = std::env::var_os("CHALK_SHIM_BINARY").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe()?;
-    let target = exe
-        .ancestors()
-        .find(|p| p.file_name() == Some(OsStr::new("target")))
-        .ok_or_else(|| io::Error::other("cannot find the cargo target directory"))?
-        .to_path_buf();
-    for profile in ["release", "debug"] {
-        let candidate = target.join(profile).join("containerd-shim-chalk-v1");
-        if candidate.exists() {
-            return Ok(candidate);
-        }
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name() == Some(OsStr::new("deps")) {
+        dir.pop();
     }
-    Err(io::Error::other(
-        "containerd-shim-chalk-v1 is not built: run `cargo build --release -p chalk-shim` first",
-    ))
+    let candidate = dir.join("containerd-shim-chalk-v1");
+    if candidate.exists() {
+        return Ok(candidate);
+    }
+    Err(io::Error::other(format!(
+        "{} is not built: run `cargo build --workspace --bins` first (or set CHALK_SHIM_BINARY)",
+        candidate.display()
+    )))
 }
 
 /// What a `ctr` invocation printed and how it ended.

@@ -8,7 +8,7 @@ use containerd_shim::{
     publisher::RemotePublisher,
 };
 
-pub type Event = (&'static str, Box<dyn MessageDyn + Send>);
+pub type Event = (&'static str, Box<dyn MessageDyn>);
 
 #[derive(Clone)]
 pub struct EventSender(Sender<Event>);
@@ -31,14 +31,7 @@ impl EventSender {
         EventSender(tx)
     }
 
-    /// For tests: events land in the returned receiver.
-    #[cfg(test)]
-    pub fn channel() -> (Self, std::sync::mpsc::Receiver<Event>) {
-        let (tx, rx) = channel();
-        (EventSender(tx), rx)
-    }
-
-    pub fn send(&self, topic: &'static str, event: impl MessageDyn + Send) {
+    pub fn send(&self, topic: &'static str, event: impl MessageDyn) {
         log::debug!("event {topic}");
         if self.0.send((topic, Box::new(event))).is_err() {
             log::error!("event publisher is gone; dropped {topic}");

@@ -13,7 +13,7 @@ use chalk_runtime::{
     bundle::Record,
     ids, netns,
     options::RuntimeOptions,
-    runsc::{Features, GlobalArgs, ProcessStdio, Runsc},
+    runsc::{FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
     state::{self, Event as Transition, Status},
 };
 use containerd_shim::{
@@ -132,16 +132,18 @@ impl TaskService {
             Arc::new(ReaperSpawner),
         );
         let binary = runsc.binary().to_path_buf();
+        let disk = FeatureCache::new(opts.root.join(".features"));
         let cached = FEATURES.lock().unwrap().get(&binary).cloned();
-        let features = match cached {
+        let features = match cached.or_else(|| disk.get(&binary)) {
             Some(f) => f,
             None => {
                 let f = runsc.features()?;
                 log::info!("runsc {}: {}", binary.display(), f.version);
-                FEATURES.lock().unwrap().insert(binary, f.clone());
+                disk.put(&binary, &f);
                 f
             }
         };
+        FEATURES.lock().unwrap().insert(binary, features.clone());
         features
             .check_flags(&runsc.global().flags)
             .map_err(ShimError::InvalidArgument)?;
@@ -505,6 +507,11 @@ impl TaskService {
                     nix::unistd::Pid::from_raw(child.pid() as i32),
                     nix::sys::signal::Signal::SIGKILL,
                 );
+                p.status = Status::Stopped;
+                p.exit.set(ExitInfo {
+                    status: 137,
+                    at: SystemTime::now(),
+                });
                 return Err(ShimError::Internal(format!(
                     "runsc exec {exec_id} in {} did not start within {START_TIMEOUT:?}",
                     c.id
@@ -513,9 +520,12 @@ impl TaskService {
             std::thread::sleep(Duration::from_millis(2));
         };
         if let Some(master) = master {
-            p.io = io::attach_console(&p.stdio, master).map_err(|e| {
-                ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
-            })?;
+            // Only opening containerd's fifos can fail here; the process then still runs and
+            // its exit is watched below like any other.
+            match io::attach_console(&p.stdio, master) {
+                Ok(pio) => p.io = pio,
+                Err(e) => log::error!("exec {exec_id} in {}: terminal not attached: {e}", c.id),
+            }
         }
         p.status = next;
         p.pid = pid as u32;

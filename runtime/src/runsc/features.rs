@@ -1,9 +1,16 @@
 //! What the installed runsc can do, read from the binary itself (its `flags` listing, its
 //! subcommands and its version), never from a table of release dates. Parsers are pure.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::BTreeSet,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Features {
     /// `runsc --version`'s first line, e.g. `runsc version 0.0~20221219.0`.
     pub version: String,
@@ -35,6 +42,93 @@ impl Features {
             }
         }
         Ok(())
+    }
+}
+
+/// Finds `binary` the way `Command` will: a path as is, a bare name on PATH.
+pub fn resolve_binary(binary: &Path) -> Option<PathBuf> {
+    if binary.components().count() > 1 {
+        return Some(binary.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(binary))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// A cache of probed [`Features`], one small JSON file per runsc binary, valid while the
+/// binary's inode, size and mtime are unchanged. Probing costs two runsc runs (about 50 ms);
+/// every container's create would pay it, since each shim is a new process.
+pub struct FeatureCache {
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheEntry {
+    fingerprint: String,
+    features: Features,
+}
+
+impl FeatureCache {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        FeatureCache { dir: dir.into() }
+    }
+
+    fn fingerprint(binary: &Path) -> Option<(PathBuf, String)> {
+        let path = resolve_binary(binary)?.canonicalize().ok()?;
+        let m = std::fs::metadata(&path).ok()?;
+        let print = format!(
+            "{}:{}:{}:{}:{}.{}",
+            path.display(),
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec()
+        );
+        let name = format!(
+            "{:x}.json",
+            Sha256::digest(path.as_os_str().as_encoded_bytes())
+        );
+        Some((PathBuf::from(name), print))
+    }
+
+    pub fn get(&self, binary: &Path) -> Option<Features> {
+        let (name, print) = Self::fingerprint(binary)?;
+        let bytes = std::fs::read(self.dir.join(name)).ok()?;
+        let entry: CacheEntry = serde_json::from_slice(&bytes).ok()?;
+        (entry.fingerprint == print).then_some(entry.features)
+    }
+
+    /// Best effort: a cache that cannot be written only costs the next probe.
+    pub fn put(&self, binary: &Path, features: &Features) {
+        use std::os::unix::fs::DirBuilderExt;
+        let Some((name, print)) = Self::fingerprint(binary) else {
+            return;
+        };
+        let entry = CacheEntry {
+            fingerprint: print,
+            features: features.clone(),
+        };
+        let Ok(bytes) = serde_json::to_vec(&entry) else {
+            return;
+        };
+        if std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .is_err()
+        {
+            return;
+        }
+        // Write then rename, so a concurrent reader never sees half a file.
+        let tmp = self
+            .dir
+            .join(format!(".{}.{}", name.display(), std::process::id()));
+        if std::fs::write(&tmp, bytes).is_ok() {
+            let _ = std::fs::rename(&tmp, self.dir.join(name));
+        }
     }
 }
 
@@ -85,6 +179,30 @@ mod tests {
             err.contains("plattform") && err.contains("20221219"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn cache_is_keyed_by_the_binary_and_invalidated_when_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("runsc");
+        std::fs::write(&bin, "v1").unwrap();
+        let cache = FeatureCache::new(dir.path().join("cache"));
+        assert_eq!(cache.get(&bin), None);
+        let f = Features::from_outputs("runsc version 1", FLAGS);
+        cache.put(&bin, &f);
+        assert_eq!(cache.get(&bin), Some(f));
+        std::fs::write(&bin, "version two").unwrap();
+        assert_eq!(cache.get(&bin), None, "a replaced binary is probed again");
+    }
+
+    #[test]
+    fn bare_names_resolve_on_path() {
+        assert!(resolve_binary(Path::new("sh")).is_some());
+        assert_eq!(
+            resolve_binary(Path::new("/x/runsc")),
+            Some(PathBuf::from("/x/runsc"))
+        );
+        assert!(resolve_binary(Path::new("no-such-binary-chalk")).is_none());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::{
 };
 
 pub use args::{GlobalArgs, Op};
-pub use features::Features;
+pub use features::{FeatureCache, Features};
 pub use spawn::{Child, Spawner, StdSpawner};
 
 use crate::{stats::StatsEvent, Error, Result};
