@@ -622,6 +622,34 @@ fn bad_process_fails_with_reason_and_leaves_nothing(e: &Env) -> TestResult {
     e.assert_clean("badproc")
 }
 
+fn bad_spec_fails_at_create_with_runscs_reason(e: &Env) -> TestResult {
+    let spec = e.ctr(&["oci", "spec"]);
+    ensure!(spec.code == 0, "ctr oci spec: {spec:?}");
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&spec.stdout).map_err(|e| e.to_string())?;
+    spec["process"]["args"] = serde_json::json!(["true"]);
+    spec["process"]["capabilities"]["bounding"] = serde_json::json!(["CAP_BOGUS"]);
+    let path = e.c.dir().join("bad-spec.json");
+    std::fs::write(&path, spec.to_string()).map_err(|e| e.to_string())?;
+    let out = e.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        "--config",
+        path.to_str().unwrap(),
+        "badspec",
+    ]);
+    e.ctr(&["containers", "rm", "badspec"]);
+    ensure!(out.code != 0, "a bad spec must fail: {out:?}");
+    ensure!(
+        out.stderr.contains("runsc create badspec") && out.stderr.contains("CAP_BOGUS"),
+        "error should say runsc create failed and why: {}",
+        out.stderr
+    );
+    e.assert_clean("badspec")
+}
+
 fn missing_runsc_is_a_clear_error(e: &Env) -> TestResult {
     let opts = e.options_file(
         "missing-runsc.toml",
@@ -779,6 +807,10 @@ fn main() {
         (
             "bad_process_fails_with_reason_and_leaves_nothing",
             bad_process_fails_with_reason_and_leaves_nothing,
+        ),
+        (
+            "bad_spec_fails_at_create_with_runscs_reason",
+            bad_spec_fails_at_create_with_runscs_reason,
         ),
         (
             "missing_runsc_is_a_clear_error",

@@ -354,28 +354,39 @@ impl Runsc {
     }
 }
 
-/// The message of the last error-level line of a runsc JSON log, else of its last line.
+/// What a runsc JSON log says went wrong: its error-level messages, first to last (the first
+/// is usually the cause, the last what the command gave up on), else its last message.
 pub fn last_error(log_file: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log_file).ok()?;
-    parse_last_error(&text)
+    parse_errors(&text)
 }
 
-fn parse_last_error(text: &str) -> Option<String> {
+fn parse_errors(text: &str) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Line {
         msg: String,
         #[serde(default)]
         level: String,
     }
-    let lines: Vec<Line> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+    // runsc and the sandbox it starts append to one log, sometimes without a newline between.
+    let lines: Vec<Line> = serde_json::Deserializer::from_str(text)
+        .into_iter::<Line>()
+        .map_while(|l| l.ok())
         .collect();
-    lines
+    let mut errors: Vec<&str> = Vec::new();
+    for l in lines
         .iter()
-        .rev()
-        .find(|l| l.level == "error" || l.level == "fatal")
-        .or(lines.last())
+        .filter(|l| l.level == "error" || l.level == "fatal")
+    {
+        if !errors.contains(&l.msg.as_str()) {
+            errors.push(&l.msg);
+        }
+    }
+    if !errors.is_empty() {
+        return Some(errors.join("; "));
+    }
+    lines
+        .last()
         .map(|l| l.msg.clone())
         .or_else(|| text.lines().last().map(str::to_string))
 }
@@ -385,7 +396,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn last_error_prefers_error_level() {
+    fn errors_are_read_from_runsc_logs() {
         let log = concat!(
             r#"{"msg":"starting","level":"info","time":"t"}"#,
             "\n",
@@ -393,12 +404,22 @@ mod tests {
             "\n",
             r#"{"msg":"exiting","level":"info","time":"t"}"#
         );
-        assert_eq!(parse_last_error(log).unwrap(), "reading spec: no such file");
+        assert_eq!(parse_errors(log).unwrap(), "reading spec: no such file");
         assert_eq!(
-            parse_last_error("plain text failure").unwrap(),
+            parse_errors("plain text failure").unwrap(),
             "plain text failure"
         );
-        assert!(parse_last_error("").is_none());
+        assert!(parse_errors("").is_none());
+        // Two processes' lines run together; the cause comes first.
+        let joined = concat!(
+            r#"{"msg":"unknown capability \"CAP_BOGUS\"","level":"error"}"#,
+            r#"{"msg":"cannot create sandbox: EOF","level":"error"}"#,
+            r#"{"msg":"cannot create sandbox: EOF","level":"error"}"#
+        );
+        assert_eq!(
+            parse_errors(joined).unwrap(),
+            r#"unknown capability "CAP_BOGUS"; cannot create sandbox: EOF"#
+        );
     }
 
     fn fake_runsc(dir: &Path, script: &str) -> PathBuf {
