@@ -7,7 +7,7 @@ use std::{
 };
 
 use containerd_client::{
-    services::v1::{tasks_client::TasksClient, UpdateTaskRequest, WaitRequest},
+    services::v1::{tasks_client::TasksClient, ResizePtyRequest, UpdateTaskRequest, WaitRequest},
     tonic::{transport::Channel, Request},
     with_namespace,
 };
@@ -51,6 +51,27 @@ impl Api {
         let req = with_namespace!(req, self.namespace);
         self.rt
             .block_on(self.tasks().update(req))
+            .map(drop)
+            .map_err(|e| e.message().to_string())
+    }
+
+    /// Tasks.ResizePty.
+    pub fn resize_pty(
+        &self,
+        id: &str,
+        exec_id: &str,
+        width: u32,
+        height: u32,
+    ) -> Result<(), String> {
+        let req = ResizePtyRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+            width,
+            height,
+        };
+        let req = with_namespace!(req, self.namespace);
+        self.rt
+            .block_on(self.tasks().resize_pty(req))
             .map(drop)
             .map_err(|e| e.message().to_string())
     }

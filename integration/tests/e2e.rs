@@ -496,6 +496,36 @@ fn tty_and_resize(e: &Env) -> TestResult {
         out.stdout
     );
 
+    // ResizePty on a running process reaches the sandbox's terminal.
+    let out = under_terminal(
+        e,
+        &format!(
+            "run -d -t --runtime {RUNTIME} {IMAGE} ttyresize sh -c \
+             'while ! test -e /tmp/go; do sleep 0.1; done; stty size > /tmp/size; sleep 1000'"
+        ),
+    );
+    ensure!(out.code == 0, "run -d -t: {out:?}");
+    let resized = e
+        .api()
+        .resize_pty("ttyresize", "", 77, 33)
+        .map_err(Failed::from);
+    let out = e.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "go",
+        "ttyresize",
+        "sh",
+        "-c",
+        "touch /tmp/go; while ! test -s /tmp/size; do sleep 0.1; done; cat /tmp/size",
+    ]);
+    e.remove("ttyresize");
+    resized?;
+    ensure!(
+        out.stdout.trim() == "33 77",
+        "size after ResizePty: {out:?}"
+    );
+
     e.run_detached("ttyexec", &["sleep", "1000"])?;
     let out = under_terminal(
         e,

@@ -97,6 +97,30 @@ fn open_output(target: &Target) -> io::Result<Option<File>> {
     }
 }
 
+/// Sets a terminal's window size (on either end of a pty).
+pub fn set_size(tty: &impl AsRawFd, width: u32, height: u32) -> io::Result<()> {
+    let size = libc::winsize {
+        ws_row: height.min(u16::MAX as u32) as u16,
+        ws_col: width.min(u16::MAX as u32) as u16,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize struct that outlives the call.
+    if unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &size) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The `(width, height)` a process spec asks its terminal to start with (`consoleSize`), so the
+/// process sees the right size from its first instruction, before any ResizePty arrives.
+pub fn console_size(process: &serde_json::Value) -> Option<(u32, u32)> {
+    let size = process.get("consoleSize")?;
+    let width = size.get("width")?.as_u64()? as u32;
+    let height = size.get("height")?.as_u64()? as u32;
+    (width > 0 && height > 0).then_some((width, height))
+}
+
 /// Where stdin bytes go: the process's stdin pipe or a pty master. CloseIO empties it.
 type StdinSink = Arc<Mutex<Option<File>>>;
 
@@ -150,17 +174,7 @@ impl ProcessIo {
         let console = self.console.as_ref().ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotFound, "the process has no terminal")
         })?;
-        let size = libc::winsize {
-            ws_row: height as u16,
-            ws_col: width as u16,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCSWINSZ reads a winsize struct that outlives the call.
-        if unsafe { libc::ioctl(console.as_raw_fd(), libc::TIOCSWINSZ, &size) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_size(console, width, height)
     }
 }
 
@@ -286,6 +300,15 @@ impl ConsoleSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_console_size_from_a_process_spec() {
+        let p = serde_json::json!({"terminal": true, "consoleSize": {"height": 45, "width": 123}});
+        assert_eq!(console_size(&p), Some((123, 45)));
+        assert_eq!(console_size(&serde_json::json!({"terminal": true})), None);
+        let zero = serde_json::json!({"consoleSize": {"height": 0, "width": 0}});
+        assert_eq!(console_size(&zero), None);
+    }
 
     #[test]
     fn parses_stdio_targets() {

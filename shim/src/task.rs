@@ -86,6 +86,10 @@ fn api_status(s: Status) -> ApiStatus {
     }
 }
 
+fn read_spec(bundle: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()
+}
+
 fn read_pid(path: &Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -313,6 +317,10 @@ impl TaskService {
             let master = console
                 .receive(START_TIMEOUT, || false)
                 .map_err(|e| ShimError::internal(format!("terminal of {}", c.id), e))?;
+            if let Some((w, h)) = read_spec(&c.bundle).and_then(|s| io::console_size(&s["process"]))
+            {
+                let _ = io::set_size(&master, w, h);
+            }
             let pio = io::attach_console(stdio, master)
                 .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
             c.state.lock().unwrap().init.io = pio;
@@ -463,6 +471,12 @@ impl TaskService {
         let (runsc_stdio, master) = if p.stdio.terminal {
             let pty = nix::pty::openpty(None, None)
                 .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
+            let spec = std::fs::read(c.exec_spec_path(exec_id))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if let Some((w, h)) = spec.as_ref().and_then(io::console_size) {
+                let _ = io::set_size(&pty.master, w, h);
+            }
             let stdio = ProcessStdio::terminal(pty.slave.into())
                 .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
             (stdio, Some(std::fs::File::from(pty.master)))
