@@ -456,6 +456,12 @@ fn update_changes_the_sandbox_limits(e: &Env) -> TestResult {
 
 // ---- TTY ---------------------------------------------------------------------------------------
 
+/// Shell that prints `size=ROWS COLS` once the terminal has a size: ctr sends ResizePty only
+/// after the process started (ctr 1.6 puts no consoleSize in the spec), so the first instants
+/// may see no size (busybox's stty then prints nothing useful), with runc as with runsc.
+const PRINT_SIZE: &str = "i=0; until s=$(stty size 2>/dev/null) && [ \"${s#[1-9]}\" != \"$s\" ]; \
+                          do i=$((i+1)); [ $i -gt 100 ] && break; sleep 0.1; done; echo size=$s";
+
 /// Runs a ctr command under `script`, which gives it a pseudo-terminal of 45 rows, 123 columns.
 fn under_terminal(e: &Env, ctr_args: &str) -> CtrOutput {
     let ctr = format!(
@@ -482,7 +488,9 @@ fn under_terminal(e: &Env, ctr_args: &str) -> CtrOutput {
 fn tty_and_resize(e: &Env) -> TestResult {
     let out = under_terminal(
         e,
-        &format!("run --rm -t --runtime {RUNTIME} {IMAGE} tty sh -c 'test -t 0 && test -t 1 && echo is-a-tty; stty size'"),
+        &format!(
+            "run --rm -t --runtime {RUNTIME} {IMAGE} tty sh -c 'test -t 0 && test -t 1 && echo is-a-tty; {PRINT_SIZE}'"
+        ),
     );
     ensure!(out.code == 0, "tty run: {out:?}");
     ensure!(
@@ -491,9 +499,13 @@ fn tty_and_resize(e: &Env) -> TestResult {
         out.stdout
     );
     ensure!(
-        out.stdout.contains("45 123"),
-        "ResizePty did not reach the sandbox: {:?}",
-        out.stdout
+        out.stdout.contains("size=45 123"),
+        "ResizePty did not reach the sandbox: {:?}; shim said: {:?}",
+        out.stdout,
+        e.c.log()
+            .lines()
+            .filter(|l| l.contains("terminal of tty"))
+            .collect::<Vec<_>>()
     );
 
     // ResizePty on a running process reaches the sandbox's terminal.
@@ -529,12 +541,12 @@ fn tty_and_resize(e: &Env) -> TestResult {
     e.run_detached("ttyexec", &["sleep", "1000"])?;
     let out = under_terminal(
         e,
-        "task exec -t --exec-id t1 ttyexec sh -c 'tty; stty size; exit 4'",
+        &format!("task exec -t --exec-id t1 ttyexec sh -c '{PRINT_SIZE}; exit 4'"),
     );
     e.remove("ttyexec");
     ensure!(out.code == 4, "tty exec status: {out:?}");
     ensure!(
-        out.stdout.contains("45 123"),
+        out.stdout.contains("size=45 123"),
         "exec tty size: {:?}",
         out.stdout
     );

@@ -170,8 +170,11 @@ impl TaskService {
             ));
         }
         let opts = runtime_options::resolve(req.options.as_ref())?;
+        // The options may raise the shim's log level; containerd's -debug is never lowered.
         if let Some(level) = opts.log_level.as_deref().and_then(|l| l.parse().ok()) {
-            log::set_max_level(level);
+            if level > log::max_level() {
+                log::set_max_level(level);
+            }
         }
         let bundle = PathBuf::from(&req.bundle);
         if !bundle.is_absolute() || !bundle.join("config.json").exists() {
@@ -823,6 +826,7 @@ impl TaskService {
     }
 
     pub fn resize_pty(&self, id: &str, exec_id: &str, width: u32, height: u32) -> Result<()> {
+        log::debug!("resize terminal of {id} {exec_id:?} to {width}x{height}");
         let c = self.container(id)?;
         let st = c.state.lock().unwrap();
         let p = st
