@@ -185,6 +185,21 @@ impl Env {
         path
     }
 
+    /// Runs `f` while `ctr events` listens; returns what `f` returned and the events seen.
+    fn capture_events<T>(&self, f: impl FnOnce() -> T) -> (T, String) {
+        let mut events = self.background(&["events"]);
+        std::thread::sleep(Duration::from_millis(300));
+        let result = f();
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = events.0.kill();
+        let mut text = String::new();
+        if let Some(mut stdout) = events.0.stdout.take() {
+            let _ = stdout.read_to_string(&mut text);
+        }
+        let _ = events.0.wait();
+        (result, text)
+    }
+
     fn api(&self) -> Api {
         Api::connect(&self.c.socket(), &self.c.namespace).expect("connect to containerd")
     }
@@ -556,9 +571,7 @@ fn tty_and_resize(e: &Env) -> TestResult {
 // ---- events ------------------------------------------------------------------------------------
 
 fn events_cover_the_lifecycle(e: &Env) -> TestResult {
-    let mut events = e.background(&["events"]);
-    std::thread::sleep(Duration::from_millis(300));
-    let steps = (|| {
+    let (steps, text) = e.capture_events(|| {
         e.run_detached("evented", &["sleep", "1000"])?;
         let out = e.ctr(&["task", "exec", "--exec-id", "ev1", "evented", "true"]);
         ensure!(out.code == 0, "exec: {out:?}");
@@ -566,18 +579,7 @@ fn events_cover_the_lifecycle(e: &Env) -> TestResult {
         ensure!(e.ctr(&["task", "resume", "evented"]).code == 0, "resume");
         e.remove("evented");
         Ok(())
-    })();
-    std::thread::sleep(Duration::from_millis(500));
-    let _ = events.0.kill();
-    let mut text = String::new();
-    events
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut text)
-        .ok();
-    let _ = events.0.wait();
+    });
     steps?;
     let mine: Vec<&str> = text.lines().filter(|l| l.contains("\"evented\"")).collect();
     for topic in [
@@ -609,29 +611,18 @@ fn events_cover_the_lifecycle(e: &Env) -> TestResult {
 }
 
 fn oom_is_reported(e: &Env) -> TestResult {
-    let mut events = e.background(&["events"]);
-    std::thread::sleep(Duration::from_millis(300));
     // 64 MiB limit, 256 MiB written to the sandbox's in-memory /dev/shm.
-    let out = e.run_rm(
-        "oom",
-        &["--memory-limit", "67108864"],
-        &[
-            "sh",
-            "-c",
-            "dd if=/dev/zero of=/dev/shm/fill bs=1M count=256; sleep 5",
-        ],
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let _ = events.0.kill();
-    let mut text = String::new();
-    events
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut text)
-        .ok();
-    let _ = events.0.wait();
+    let (out, text) = e.capture_events(|| {
+        e.run_rm(
+            "oom",
+            &["--memory-limit", "67108864"],
+            &[
+                "sh",
+                "-c",
+                "dd if=/dev/zero of=/dev/shm/fill bs=1M count=256; sleep 5",
+            ],
+        )
+    });
     ensure!(
         out.code == 137,
         "an OOM-killed sandbox exits 137, got {out:?}"

@@ -29,6 +29,21 @@ fn check(out: &chalk_integration::CtrOutput, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `ctr run --rm` of a shell command in a new sandbox.
+fn run_rm(c: &Containerd, id: &str, script: &str) -> chalk_integration::CtrOutput {
+    c.ctr([
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        id,
+        "sh",
+        "-c",
+        script,
+    ])
+}
+
 fn run() -> Result<(), String> {
     step("starting a private containerd");
     let c = Containerd::start().map_err(|e| e.to_string())?;
@@ -40,33 +55,17 @@ fn run() -> Result<(), String> {
         "ctr run --rm --runtime {RUNTIME} {IMAGE} demo-hello ..."
     ));
     let t = Instant::now();
-    let out = c.ctr([
-        "run",
-        "--rm",
-        "--runtime",
-        RUNTIME,
-        IMAGE,
+    let out = run_rm(
+        &c,
         "demo-hello",
-        "sh",
-        "-c",
         "echo hello from a gVisor sandbox; uname -sr; dmesg | head -n 2",
-    ]);
+    );
     check(&out, "run")?;
     print!("{}", out.stdout);
     println!("(took {:.2?})", t.elapsed());
 
     step("exit codes are exact: sh -c 'exit 7'");
-    let out = c.ctr([
-        "run",
-        "--rm",
-        "--runtime",
-        RUNTIME,
-        IMAGE,
-        "demo-exit",
-        "sh",
-        "-c",
-        "exit 7",
-    ]);
+    let out = run_rm(&c, "demo-exit", "exit 7");
     println!("ctr exited with {}", out.code);
 
     step("a long-running sandbox: exec, ps, pause/resume, metrics, kill");
