@@ -683,27 +683,34 @@ fn bad_spec_fails_at_create_with_runscs_reason(e: &Env) -> TestResult {
     e.assert_clean("badspec")
 }
 
-fn missing_runsc_is_a_clear_error(e: &Env) -> TestResult {
-    let opts = e.options_file(
-        "missing-runsc.toml",
-        &format!(
-            "binary_name = \"/nonexistent/runsc\"\nroot = \"{}\"\n",
-            e.c.dir().join("runsc").display()
-        ),
-    );
-    let out = e.run_rm(
-        "norunsc",
-        &["--runtime-config-path", opts.to_str().unwrap()],
-        &["true"],
-    );
-    e.ctr(&["containers", "rm", "norunsc"]);
-    ensure!(out.code != 0, "must fail: {out:?}");
-    ensure!(
-        out.stderr.contains("/nonexistent/runsc") && out.stderr.contains("binary_name"),
-        "error should name the binary and the option: {}",
-        out.stderr
-    );
-    e.assert_clean("norunsc")
+fn missing_or_broken_runsc_is_a_clear_error(e: &Env) -> TestResult {
+    // A path that does not exist, and a binary that is not runsc (fails when run).
+    for (id, binary) in [
+        ("norunsc", "/nonexistent/runsc"),
+        ("badrunsc", "/bin/false"),
+    ] {
+        let opts = e.options_file(
+            &format!("{id}.toml"),
+            &format!(
+                "binary_name = \"{binary}\"\nroot = \"{}\"\n",
+                e.c.dir().join("runsc").display()
+            ),
+        );
+        let out = e.run_rm(
+            id,
+            &["--runtime-config-path", opts.to_str().unwrap()],
+            &["true"],
+        );
+        e.ctr(&["containers", "rm", id]);
+        ensure!(out.code != 0, "{binary} must fail: {out:?}");
+        ensure!(
+            out.stderr.contains(binary) && out.stderr.contains("binary_name"),
+            "error should name the binary and the option: {}",
+            out.stderr
+        );
+        e.assert_clean(id)?;
+    }
+    Ok(())
 }
 
 fn bad_options_are_named(e: &Env) -> TestResult {
@@ -846,8 +853,8 @@ fn main() {
             bad_spec_fails_at_create_with_runscs_reason,
         ),
         (
-            "missing_runsc_is_a_clear_error",
-            missing_runsc_is_a_clear_error,
+            "missing_or_broken_runsc_is_a_clear_error",
+            missing_or_broken_runsc_is_a_clear_error,
         ),
         ("bad_options_are_named", bad_options_are_named),
         ("runsc_debug_log_when_asked", runsc_debug_log_when_asked),

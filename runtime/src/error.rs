@@ -31,6 +31,14 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    #[error("runsc binary {binary:?} does not work: `{args}` exited with status {status}: {output} (check binary_name in the runtime options)")]
+    RunscBroken {
+        binary: PathBuf,
+        args: String,
+        status: i32,
+        output: String,
+    },
+
     #[error("cannot {op} process {id}: it is {from}")]
     InvalidState {
         op: &'static str,

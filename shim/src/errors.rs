@@ -36,7 +36,7 @@ impl ShimError {
             ShimError::Runtime(e) => match e {
                 R::InvalidId { .. } | R::Options { .. } => Code::INVALID_ARGUMENT,
                 R::InvalidState { .. } => Code::FAILED_PRECONDITION,
-                R::RunscMissing { .. } => Code::FAILED_PRECONDITION,
+                R::RunscMissing { .. } | R::RunscBroken { .. } => Code::FAILED_PRECONDITION,
                 R::Runsc { .. } | R::Io { .. } | R::Parse { .. } => Code::INTERNAL,
             },
         }

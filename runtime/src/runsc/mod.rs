@@ -171,15 +171,16 @@ impl Runsc {
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         let (status, out) = self.collect(&mut cmd)?;
+        let out = String::from_utf8_lossy(&out).into_owned();
         if status != 0 {
-            return Err(Error::Runsc {
-                op: "probe",
-                id: args.join(" "),
+            return Err(Error::RunscBroken {
+                binary: self.binary.clone(),
+                args: args.join(" "),
                 status,
-                message: String::from_utf8_lossy(&out).into_owned(),
+                output: out.trim().chars().take(500).collect(),
             });
         }
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        Ok(out)
     }
 
     fn log_file(&self, op: &Op) -> PathBuf {
@@ -475,6 +476,19 @@ mod tests {
         );
         let s = r.state("c").unwrap();
         assert_eq!((s.status.as_str(), s.pid), ("running", 42));
+    }
+
+    #[test]
+    fn broken_binary_is_named_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = runsc(dir.path(), "echo not really runsc; exit 3");
+        let err = r.features().unwrap_err().to_string();
+        assert!(
+            err.contains("does not work")
+                && err.contains("status 3")
+                && err.contains("binary_name"),
+            "{err}"
+        );
     }
 
     #[test]
