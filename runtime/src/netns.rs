@@ -47,9 +47,8 @@ pub fn set_netns_path(spec: &mut Value, path: &Path) {
 
 /// Where the shim keeps the namespace of container `id` in containerd namespace `namespace`.
 pub fn netns_path(options_root: &Path, namespace: &str, id: &str) -> PathBuf {
-    options_root
-        .join(".netns")
-        .join(format!("{namespace}-{id}"))
+    // One directory per namespace: "a-b"/"c" and "a"/"b-c" must not meet.
+    options_root.join(".netns").join(namespace).join(id)
 }
 
 /// Creates a new network namespace with loopback up and bind-mounts it at `path`.
@@ -163,7 +162,7 @@ mod tests {
     fn path_is_per_namespace_and_id() {
         assert_eq!(
             netns_path(Path::new("/run/chalk"), "k8s.io", "c1"),
-            PathBuf::from("/run/chalk/.netns/k8s.io-c1")
+            PathBuf::from("/run/chalk/.netns/k8s.io/c1")
         );
     }
 }

@@ -112,6 +112,26 @@ pub fn set_size(tty: &impl AsRawFd, width: u32, height: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// A new pseudo-terminal `(master, slave)`, both close-on-exec from the start, so neither can
+/// leak into a runsc started concurrently (a leaked slave would keep the master from EOF).
+pub fn open_pty() -> io::Result<(File, File)> {
+    use nix::pty::{grantpt, posix_openpt, ptsname_r, unlockpt};
+    let master = posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname_r(&master)?;
+    let slave = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(name)?;
+    // SAFETY: the fd is owned by `master` and handed over to the File.
+    let master = unsafe {
+        <File as std::os::fd::FromRawFd>::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(master))
+    };
+    Ok((master, slave))
+}
+
 /// The `(width, height)` a process spec asks its terminal to start with (`consoleSize`), so the
 /// process sees the right size from its first instruction, before any ResizePty arrives.
 pub fn console_size(process: &serde_json::Value) -> Option<(u32, u32)> {
@@ -142,9 +162,13 @@ fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
                         Ok(0) | Err(_) => break,
                         Ok(n) => n,
                     };
-                    let mut guard = sink.lock().unwrap();
-                    let Some(out) = guard.as_mut() else { break };
-                    if out.write_all(&buf[..n]).is_err() {
+                    // Write through a duplicate, outside the lock: a process that does not read
+                    // its stdin must not make CloseIO (which takes the lock) wait.
+                    let out = match sink.lock().unwrap().as_ref().map(File::try_clone) {
+                        Some(Ok(out)) => out,
+                        _ => break,
+                    };
+                    if (&out).write_all(&buf[..n]).is_err() {
                         break;
                     }
                 }
@@ -280,7 +304,8 @@ impl ConsoleSocket {
             stream.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::empty(),
+            // CLOEXEC: the master must not leak into runsc processes started later.
+            MsgFlags::MSG_CMSG_CLOEXEC,
         )?;
         for cmsg in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(fds) = cmsg {
@@ -300,6 +325,53 @@ impl ConsoleSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn close_io_does_not_wait_for_a_process_that_never_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let i = dir.path().join("in");
+        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        let paths = StdioPaths {
+            stdin: i.display().to_string(),
+            ..Default::default()
+        };
+        let (stdio, mut pio) = open_plain(&paths).unwrap();
+        let writer_path = i.clone();
+        std::thread::spawn(move || {
+            let mut w = OpenOptions::new().write(true).open(writer_path).unwrap();
+            let _ = w.write_all(&vec![b'x'; 1 << 20]); // far more than pipe buffers hold
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            pio.close_stdin();
+            done_tx.send(()).unwrap();
+        });
+        assert!(
+            done_rx
+                .recv_timeout(std::time::Duration::from_secs(2))
+                .is_ok(),
+            "CloseIO blocked behind a stdin write"
+        );
+        drop(stdio);
+    }
+
+    #[test]
+    fn pty_ends_are_close_on_exec_and_connected() {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        let (master, slave) = open_pty().unwrap();
+        for f in [&master, &slave] {
+            let flags = FdFlag::from_bits_truncate(fcntl(f, FcntlArg::F_GETFD).unwrap());
+            assert!(flags.contains(FdFlag::FD_CLOEXEC));
+        }
+        set_size(&master, 80, 24).unwrap();
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        assert_eq!(
+            unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) },
+            0
+        );
+        assert_eq!((ws.ws_col, ws.ws_row), (80, 24));
+    }
 
     #[test]
     fn reads_console_size_from_a_process_spec() {

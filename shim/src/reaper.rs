@@ -66,15 +66,17 @@ fn deliver(pid: i32, status: i32) {
     }
 }
 
-/// A receiver that gets the exit status of `pid`, a process the shim adopted.
-pub fn watch(pid: i32) -> Receiver<i32> {
+/// A receiver that gets the exit status of `pid`, a process the shim adopted that was not
+/// yet running at `not_before` (an exit kept from before then belongs to an earlier process
+/// that had the same pid).
+pub fn watch(pid: i32, not_before: Instant) -> Receiver<i32> {
     let (tx, rx) = channel();
     let mut reg = REGISTRY.lock().unwrap();
     match reg.unclaimed.remove(&pid) {
-        Some((status, _)) => {
+        Some((status, at)) if at >= not_before => {
             let _ = tx.send(status);
         }
-        None => {
+        _ => {
             reg.waiters.insert(pid, tx);
         }
     }
@@ -145,11 +147,25 @@ mod tests {
 
     #[test]
     fn late_watch_gets_an_earlier_exit_once() {
+        let before = Instant::now();
         deliver(999_001, 7);
-        assert_eq!(watch(999_001).recv().unwrap(), 7);
-        let rx = watch(999_001);
+        assert_eq!(watch(999_001, before).recv().unwrap(), 7);
+        let rx = watch(999_001, before);
         assert!(rx.try_recv().is_err(), "an exit is handed over once");
         deliver(999_001, 9);
         assert_eq!(rx.recv().unwrap(), 9);
+    }
+
+    #[test]
+    fn an_exit_from_before_the_process_started_is_stale() {
+        deliver(999_002, 1);
+        let started = Instant::now();
+        let rx = watch(999_002, started);
+        assert!(
+            rx.try_recv().is_err(),
+            "the old pid's exit is not this process's"
+        );
+        deliver(999_002, 0);
+        assert_eq!(rx.recv().unwrap(), 0);
     }
 }

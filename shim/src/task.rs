@@ -13,7 +13,7 @@ use chalk_runtime::{
     bundle::Record,
     ids, netns,
     options::RuntimeOptions,
-    runsc::{FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
+    runsc::{ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
     state::{self, Event as Transition, Status},
 };
 use containerd_shim::{
@@ -183,23 +183,48 @@ impl TaskService {
                 req.bundle
             )));
         }
+        let spec = read_spec(&bundle).ok_or_else(|| {
+            ShimError::InvalidArgument(format!("{}/config.json is not valid JSON", req.bundle))
+        })?;
+        if spec
+            .pointer("/annotations/io.kubernetes.cri.container-type")
+            .and_then(|v| v.as_str())
+            == Some("container")
+        {
+            // A second container in a pod's sandbox needs its own exit tracking (runsc wait),
+            // which comes with Kubernetes pod support; refusing beats half-working.
+            return Err(ShimError::Unimplemented(format!(
+                "container {}: more than one container per pod sandbox is not supported yet",
+                req.id
+            )));
+        }
         let runsc = self.runsc_for(&opts, &bundle, &req.id)?;
         create_private_dir(&runsc.global().root)?;
 
-        let netns = self.prepare_netns(&opts, &bundle, &req.id)?;
+        let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
+        let netns = netns::needs_private_netns(&spec, network)
+            .then(|| netns::netns_path(&opts.root, &self.inner.namespace, &req.id));
+        // Written before anything is made, so `shim delete` can undo any of it after a crash.
+        let record = Record {
+            binary: runsc.binary().to_path_buf(),
+            root: runsc.global().root.clone(),
+            flags: runsc.global().flags.clone(),
+            rootfs_mounted: !req.rootfs.is_empty(),
+            netns: netns.clone(),
+        };
+        record.write(&bundle)?;
+        if let Some(path) = &netns {
+            if let Err(e) = self.make_netns(&bundle, spec, path) {
+                cleanup_bundle(&bundle, false, None);
+                return Err(e);
+            }
+        }
         let rootfs_mounted = match mount_rootfs(&bundle, &req.rootfs) {
             Ok(m) => m,
             Err(e) => {
                 cleanup_bundle(&bundle, false, netns.as_deref());
                 return Err(e);
             }
-        };
-        let record = Record {
-            binary: runsc.binary().to_path_buf(),
-            root: runsc.global().root.clone(),
-            flags: runsc.global().flags.clone(),
-            rootfs_mounted,
-            netns: netns.clone(),
         };
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
@@ -218,11 +243,8 @@ impl TaskService {
                 execs: HashMap::new(),
             }),
         };
-        let started = record
-            .write(&bundle)
-            .map_err(ShimError::from)
-            .and_then(|()| self.create_sandbox(&container, &stdio));
-        let pid = match started {
+        let started_at = Instant::now();
+        let pid = match self.create_sandbox(&container, &stdio) {
             Ok(pid) => pid,
             Err(e) => {
                 // Leave nothing behind: no sandbox, no mount, no record.
@@ -237,8 +259,6 @@ impl TaskService {
             .lock()
             .unwrap()
             .insert(req.id.clone(), container.clone());
-        self.watch_init(&container, pid);
-
         let mut io = TaskIO::new();
         io.stdin = req.stdin.clone();
         io.stdout = req.stdout.clone();
@@ -251,41 +271,24 @@ impl TaskService {
         ev.io = Some(io).into();
         ev.pid = pid as u32;
         self.events().send(topics::TASK_CREATE_EVENT_TOPIC, ev);
+        // After TaskCreate: a sandbox that already died must not report its exit first.
+        self.watch_init(&container, pid, started_at);
         Ok(pid as u32)
     }
 
-    /// Gives the sandbox a fresh network namespace when its spec asks for an unnamed one.
-    fn prepare_netns(
-        &self,
-        opts: &RuntimeOptions,
-        bundle: &Path,
-        id: &str,
-    ) -> Result<Option<PathBuf>> {
-        let config = bundle.join("config.json");
-        let text = std::fs::read(&config)
-            .map_err(|e| ShimError::InvalidArgument(format!("read {}: {e}", config.display())))?;
-        let mut spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
-            ShimError::InvalidArgument(format!("{} is not valid JSON: {e}", config.display()))
-        })?;
-        let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
-        if !netns::needs_private_netns(&spec, network) {
-            return Ok(None);
-        }
-        let path = netns::netns_path(&opts.root, &self.inner.namespace, id);
-        netns::create(&path).map_err(|e| {
+    /// Makes the fresh network namespace the spec asks for and points the spec at it.
+    fn make_netns(&self, bundle: &Path, mut spec: serde_json::Value, path: &Path) -> Result<()> {
+        netns::create(path).map_err(|e| {
             ShimError::internal(format!("create network namespace {}", path.display()), e)
         })?;
-        netns::set_netns_path(&mut spec, &path);
+        netns::set_netns_path(&mut spec, path);
+        let config = bundle.join("config.json");
         let patched =
             serde_json::to_vec(&spec).map_err(|e| ShimError::internal("encode spec", e))?;
-        if let Err(e) = std::fs::write(&config, patched) {
-            netns::remove(&path);
-            return Err(ShimError::internal(
-                format!("write {}", config.display()),
-                e,
-            ));
-        }
-        Ok(Some(path))
+        std::fs::write(&config, patched).map_err(|e| {
+            netns::remove(path);
+            ShimError::internal(format!("write {}", config.display()), e)
+        })
     }
 
     /// `runsc create` with the init process's stdio; returns the sandbox pid.
@@ -333,8 +336,8 @@ impl TaskService {
     }
 
     /// The sandbox process is the shim's (adopted) child: its exit status is the init's.
-    fn watch_init(&self, c: &Arc<Container>, pid: i32) {
-        let exits = reaper::watch(pid);
+    fn watch_init(&self, c: &Arc<Container>, pid: i32, not_before: Instant) {
+        let exits = reaper::watch(pid, not_before);
         let this = self.clone();
         let id = c.id.clone();
         std::thread::spawn(move || {
@@ -469,81 +472,18 @@ impl TaskService {
             .get_mut(exec_id)
             .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {}", c.id)))?;
         let next = state::transition(exec_id, p.status, Transition::Start)?;
-        let pid_file = c.exec_pid_path(exec_id);
-        let _ = std::fs::remove_file(&pid_file);
-        let (runsc_stdio, master) = if p.stdio.terminal {
-            let pty = nix::pty::openpty(None, None)
-                .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
-            let spec = std::fs::read(c.exec_spec_path(exec_id))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-            if let Some((w, h)) = spec.as_ref().and_then(io::console_size) {
-                let _ = io::set_size(&pty.master, w, h);
-            }
-            let stdio = ProcessStdio::terminal(pty.slave.into())
-                .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
-            (stdio, Some(std::fs::File::from(pty.master)))
-        } else {
-            let (s, pio) = io::open_plain(&p.stdio).map_err(|e| {
-                ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
-            })?;
-            p.io = pio;
-            (s, None)
-        };
-        let mut child = c
-            .runsc
-            .exec(&c.id, &c.exec_spec_path(exec_id), &pid_file, runsc_stdio)?;
-
-        // Started once runsc has written the in-sandbox pid; failed if runsc exits without it.
-        let deadline = Instant::now() + START_TIMEOUT;
-        let pid = loop {
-            if let Some(pid) = read_pid(&pid_file) {
-                break pid;
-            }
-            let exited = child
-                .try_wait()
-                .map_err(|e| ShimError::internal("wait for runsc exec", e))?;
-            if exited.is_some() {
-                if let Some(pid) = read_pid(&pid_file) {
-                    break pid;
-                }
+        let (child, pid) = match self.launch_exec(c, p) {
+            Ok(started) => started,
+            Err(e) => {
                 // Never started: release any Wait on it, as the runc shim does.
                 p.status = Status::Stopped;
                 p.exit.set(ExitInfo {
-                    status: exited.unwrap_or(255) as u32,
+                    status: 255,
                     at: SystemTime::now(),
                 });
-                return Err(ShimError::Internal(format!(
-                    "runsc exec {exec_id} in {}: {}",
-                    c.id,
-                    child.failure_reason()
-                )));
+                return Err(e);
             }
-            if Instant::now() > deadline {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(child.pid() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                p.status = Status::Stopped;
-                p.exit.set(ExitInfo {
-                    status: 137,
-                    at: SystemTime::now(),
-                });
-                return Err(ShimError::Internal(format!(
-                    "runsc exec {exec_id} in {} did not start within {START_TIMEOUT:?}",
-                    c.id
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(2));
         };
-        if let Some(master) = master {
-            // Only opening containerd's fifos can fail here; the process then still runs and
-            // its exit is watched below like any other.
-            match io::attach_console(&p.stdio, master) {
-                Ok(pio) => p.io = pio,
-                Err(e) => log::error!("exec {exec_id} in {}: terminal not attached: {e}", c.id),
-            }
-        }
         p.status = next;
         p.pid = pid as u32;
         let this = self.clone();
@@ -562,6 +502,77 @@ impl TaskService {
         self.events()
             .send(topics::TASK_EXEC_STARTED_EVENT_TOPIC, ev);
         Ok(pid as u32)
+    }
+
+    /// Runs `runsc exec` for `p` and waits until the process is running in the sandbox;
+    /// returns the foreground runsc (whose exit is the process's) and the in-sandbox pid.
+    fn launch_exec(&self, c: &Container, p: &mut Process) -> Result<(ExecChild, i32)> {
+        let exec_id = p.exec_id.clone();
+        let pid_file = c.exec_pid_path(&exec_id);
+        let _ = std::fs::remove_file(&pid_file);
+        let (runsc_stdio, master) = if p.stdio.terminal {
+            let (master, slave) = io::open_pty()
+                .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
+            let spec = std::fs::read(c.exec_spec_path(&exec_id))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if let Some((w, h)) = spec.as_ref().and_then(io::console_size) {
+                let _ = io::set_size(&master, w, h);
+            }
+            let stdio = ProcessStdio::terminal(slave)
+                .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
+            (stdio, Some(master))
+        } else {
+            let (s, pio) = io::open_plain(&p.stdio).map_err(|e| {
+                ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
+            })?;
+            p.io = pio;
+            (s, None)
+        };
+        let mut child = c
+            .runsc
+            .exec(&c.id, &c.exec_spec_path(&exec_id), &pid_file, runsc_stdio)?;
+
+        // Started once runsc has written the in-sandbox pid; failed if runsc exits without it.
+        let deadline = Instant::now() + START_TIMEOUT;
+        let pid = loop {
+            if let Some(pid) = read_pid(&pid_file) {
+                break pid;
+            }
+            let exited = child
+                .try_wait()
+                .map_err(|e| ShimError::internal("wait for runsc exec", e))?;
+            if exited.is_some() {
+                if let Some(pid) = read_pid(&pid_file) {
+                    break pid;
+                }
+                return Err(ShimError::Internal(format!(
+                    "runsc exec {exec_id} in {}: {}",
+                    c.id,
+                    child.failure_reason()
+                )));
+            }
+            if Instant::now() > deadline {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(child.pid() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                return Err(ShimError::Internal(format!(
+                    "runsc exec {exec_id} in {} did not start within {START_TIMEOUT:?}",
+                    c.id
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if let Some(master) = master {
+            // Only opening containerd's fifos can fail here; the process then still runs and
+            // its exit is watched like any other.
+            match io::attach_console(&p.stdio, master) {
+                Ok(pio) => p.io = pio,
+                Err(e) => log::error!("exec {exec_id} in {}: terminal not attached: {e}", c.id),
+            }
+        }
+        Ok((child, pid))
     }
 
     // ---- signals, waiting, state ----------------------------------------------------------
@@ -604,15 +615,19 @@ impl TaskService {
         match c.runsc.kill(&req.id, req.signal, req.all, target) {
             Ok(()) => Ok(()),
             Err(e) => {
-                // It may have exited while we were signalling it.
-                let st = c.state.lock().unwrap();
-                if st
+                // It may have exited while we were signalling it, its exit not yet handled.
+                let cell = c
+                    .state
+                    .lock()
+                    .unwrap()
                     .process(&req.exec_id)
-                    .is_none_or(|p| p.status == Status::Stopped)
-                {
-                    Err(finished())
-                } else {
-                    Err(e.into())
+                    .map(|p| p.exit.clone());
+                match cell {
+                    None => Err(finished()),
+                    Some(cell) if cell.wait_timeout(Duration::from_millis(300)).is_some() => {
+                        Err(finished())
+                    }
+                    Some(_) => Err(e.into()),
                 }
             }
         }
@@ -669,6 +684,11 @@ impl TaskService {
                 .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
             state::check_deletable(exec_id, p.status)?;
             let p = st.execs.remove(exec_id).expect("checked above");
+            // A Wait on an exec that never started must not outlive it.
+            p.exit.set(ExitInfo {
+                status: 255,
+                at: SystemTime::now(),
+            });
             let _ = std::fs::remove_file(c.exec_spec_path(exec_id));
             let _ = std::fs::remove_file(c.exec_pid_path(exec_id));
             return Ok((p.pid, p.exit_info()));
