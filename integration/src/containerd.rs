@@ -292,7 +292,20 @@ fn runtime_options(d: &Path) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    format!("root = \"{}\"\n{out}", d.join("runsc").display())
+    let mut head = format!("root = \"{}\"\n", d.join("runsc").display());
+    // CHALK_RUNSC picks another runsc (the test matrix); the packaged file names Debian's.
+    if let Some(runsc) = std::env::var_os("CHALK_RUNSC").filter(|v| !v.is_empty()) {
+        out = out
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("binary_name"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        head.push_str(&format!(
+            "binary_name = \"{}\"\n",
+            PathBuf::from(runsc).display()
+        ));
+    }
+    format!("{head}{out}")
 }
 
 fn config(d: &Path) -> String {
