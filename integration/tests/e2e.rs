@@ -296,6 +296,64 @@ fn stdin_reaches_the_process_and_close_io_ends_it(e: &Env) -> TestResult {
     Ok(())
 }
 
+fn binary_log_uri_feeds_a_logging_binary(e: &Env) -> TestResult {
+    // containerd's logging-binary protocol: stdout on fd 3, stderr on fd 4, ready on fd 5.
+    let dir = e.c.dir().join("binlog");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let script = dir.join("logger.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         cat <&3 5>&- > \"$2/out\" &\n\
+         cat <&4 5>&- > \"$2/err\" &\n\
+         echo \"$CONTAINER_NAMESPACE/$CONTAINER_ID\" > \"$2/who\"\n\
+         exec 5>&-\n\
+         wait\n",
+    )
+    .map_err(|e| e.to_string())?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())?;
+    let uri = format!("binary://{}?dir={}", script.display(), dir.display());
+    let out = e.ctr(&[
+        "run",
+        "-d",
+        "--log-uri",
+        &uri,
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "binlog",
+        "sh",
+        "-c",
+        "echo out-line; echo err-line >&2",
+    ]);
+    ensure!(out.code == 0, "run with a logging binary: {out:?}");
+    e.wait_status("binlog", "STOPPED", Duration::from_secs(20))?;
+    e.remove("binlog");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read("err").is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        read("out") == "out-line\n",
+        "logged stdout: {:?}",
+        read("out")
+    );
+    ensure!(
+        read("err") == "err-line\n",
+        "logged stderr: {:?}",
+        read("err")
+    );
+    ensure!(
+        read("who").trim() == format!("{}/binlog", e.c.namespace),
+        "env: {:?}",
+        read("who")
+    );
+    e.assert_clean("binlog")
+}
+
 // ---- exec ------------------------------------------------------------------------------------
 
 fn exec_has_its_own_status_and_output(e: &Env) -> TestResult {
@@ -833,6 +891,10 @@ fn main() {
         (
             "stdin_reaches_the_process_and_close_io_ends_it",
             stdin_reaches_the_process_and_close_io_ends_it,
+        ),
+        (
+            "binary_log_uri_feeds_a_logging_binary",
+            binary_log_uri_feeds_a_logging_binary,
         ),
         (
             "exec_has_its_own_status_and_output",

@@ -17,6 +17,8 @@ use std::{
 };
 
 use chalk_runtime::runsc::ProcessStdio;
+
+use crate::logger::{self, LogContext, LoggerSpec};
 use nix::{
     fcntl::OFlag,
     sys::socket::{recvmsg, ControlMessageOwned, MsgFlags},
@@ -37,6 +39,7 @@ pub enum Target {
     None,
     Fifo(PathBuf),
     File(PathBuf),
+    Binary(LoggerSpec),
 }
 
 pub fn parse_target(uri: &str) -> io::Result<Target> {
@@ -49,10 +52,13 @@ pub fn parse_target(uri: &str) -> io::Result<Target> {
     if let Some(path) = uri.strip_prefix("fifo://") {
         return absolute(path).map(Target::Fifo);
     }
+    if uri.starts_with("binary://") {
+        return logger::parse(uri).map(Target::Binary);
+    }
     if let Some((scheme, _)) = uri.split_once("://") {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
-            format!("stdio uri scheme {scheme:?} is not supported (use a fifo path or file://)"),
+            format!("stdio uri scheme {scheme:?} is not supported (use a fifo path, file:// or binary://)"),
         ));
     }
     absolute(uri).map(Target::Fifo)
@@ -69,10 +75,31 @@ fn absolute(path: &str) -> io::Result<PathBuf> {
     Ok(p)
 }
 
+/// Opens a process's stdout and stderr: fifos or files each, or both on one logging binary.
+fn open_outputs(paths: &StdioPaths, ctx: &LogContext) -> io::Result<(Option<File>, Option<File>)> {
+    match parse_target(&paths.stdout)? {
+        Target::Binary(spec) => {
+            let (out, err) = logger::start(&spec, ctx)?;
+            Ok((Some(out), Some(err)))
+        }
+        stdout => Ok((
+            open_output(&stdout)?,
+            open_output(&parse_target(&paths.stderr)?)?,
+        )),
+    }
+}
+
 /// Opens an output stream for writing without blocking on containerd's reader.
 fn open_output(target: &Target) -> io::Result<Option<File>> {
     match target {
         Target::None => Ok(None),
+        Target::Binary(spec) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "stderr alone cannot go to logging binary {}",
+                spec.path.display()
+            ),
+        )),
         Target::File(path) => {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -151,6 +178,12 @@ fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
     let source = match parse_target(uri)? {
         Target::None => return Ok(()),
         Target::Fifo(path) | Target::File(path) => path,
+        Target::Binary(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "stdin cannot come from a logging binary",
+            ))
+        }
     };
     std::thread::Builder::new()
         .name("stdin".into())
@@ -204,9 +237,8 @@ impl ProcessIo {
 
 /// Opens stdio for a process without a terminal. Output files go straight to runsc; stdin
 /// goes through a pipe fed by the shim, so that its end is under the shim's control.
-pub fn open_plain(paths: &StdioPaths) -> io::Result<(ProcessStdio, ProcessIo)> {
-    let stdout = open_output(&parse_target(&paths.stdout)?)?;
-    let stderr = open_output(&parse_target(&paths.stderr)?)?;
+pub fn open_plain(paths: &StdioPaths, ctx: &LogContext) -> io::Result<(ProcessStdio, ProcessIo)> {
+    let (stdout, stderr) = open_outputs(paths, ctx)?;
     let mut pio = ProcessIo::default();
     let stdin = if paths.stdin.is_empty() {
         None
@@ -229,14 +261,14 @@ pub fn open_plain(paths: &StdioPaths) -> io::Result<(ProcessStdio, ProcessIo)> {
 }
 
 /// Starts copying between a received pty master and the process's fifos.
-pub fn attach_console(paths: &StdioPaths, master: File) -> io::Result<ProcessIo> {
+pub fn attach_console(paths: &StdioPaths, master: File, ctx: &LogContext) -> io::Result<ProcessIo> {
     let mut pio = ProcessIo::default();
     if !paths.stdin.is_empty() {
         let sink: StdinSink = Arc::new(Mutex::new(Some(master.try_clone()?)));
         spawn_stdin_copier(&paths.stdin, sink.clone())?;
         pio.stdin = Some(sink);
     }
-    if let Some(mut out) = open_output(&parse_target(&paths.stdout)?)? {
+    if let (Some(mut out), _) = open_outputs(paths, ctx)? {
         let mut from_master = master.try_clone()?;
         // Ends with EIO once every slave end is closed; dropping `out` then gives containerd EOF.
         std::thread::Builder::new()
@@ -335,7 +367,7 @@ mod tests {
             stdin: i.display().to_string(),
             ..Default::default()
         };
-        let (stdio, mut pio) = open_plain(&paths).unwrap();
+        let (stdio, mut pio) = open_plain(&paths, &LogContext::default()).unwrap();
         let writer_path = i.clone();
         std::thread::spawn(move || {
             let mut w = OpenOptions::new().write(true).open(writer_path).unwrap();
@@ -414,7 +446,7 @@ mod tests {
             ..Default::default()
         };
         // Opening must not block although nobody reads `out` or writes `in` yet.
-        let (stdio, _pio) = open_plain(&paths).unwrap();
+        let (stdio, _pio) = open_plain(&paths, &LogContext::default()).unwrap();
         let mut containerd_reader = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -438,7 +470,7 @@ mod tests {
         );
 
         // CloseIO ends stdin even while containerd keeps its end open.
-        let (stdio, mut pio) = open_plain(&paths).unwrap();
+        let (stdio, mut pio) = open_plain(&paths, &LogContext::default()).unwrap();
         let _writer = OpenOptions::new().write(true).open(&i).unwrap();
         pio.close_stdin();
         let mut process_stdin = stdio.stdin.unwrap();

@@ -5,6 +5,7 @@ mod container;
 mod errors;
 mod events;
 mod io;
+mod logger;
 mod metrics;
 mod oom;
 mod reaper;

@@ -46,6 +46,7 @@ use crate::{
     errors::{Result, ShimError},
     events::EventSender,
     io::{self, ConsoleSocket, StdioPaths},
+    logger::LogContext,
     metrics, oom,
     reaper::{self, ReaperSpawner},
     runtime_options,
@@ -114,6 +115,13 @@ impl TaskService {
             .get(id)
             .cloned()
             .ok_or_else(|| ShimError::NotFound(format!("container {id} not found")))
+    }
+
+    fn log_context(&self, container_id: &str) -> LogContext {
+        LogContext {
+            container_id: container_id.to_string(),
+            namespace: self.inner.namespace.clone(),
+        }
     }
 
     fn events(&self) -> &EventSender {
@@ -300,7 +308,7 @@ impl TaskService {
                 Some(ConsoleSocket::new().map_err(|e| ShimError::internal("console socket", e))?),
             )
         } else {
-            let (s, pio) = io::open_plain(stdio)
+            let (s, pio) = io::open_plain(stdio, &self.log_context(&c.id))
                 .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
             c.state.lock().unwrap().init.io = pio;
             (s, None)
@@ -327,7 +335,7 @@ impl TaskService {
             {
                 let _ = io::set_size(&master, w, h);
             }
-            let pio = io::attach_console(stdio, master)
+            let pio = io::attach_console(stdio, master, &self.log_context(&c.id))
                 .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
             c.state.lock().unwrap().init.io = pio;
         }
@@ -523,7 +531,7 @@ impl TaskService {
                 .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
             (stdio, Some(master))
         } else {
-            let (s, pio) = io::open_plain(&p.stdio).map_err(|e| {
+            let (s, pio) = io::open_plain(&p.stdio, &self.log_context(&c.id)).map_err(|e| {
                 ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
             })?;
             p.io = pio;
@@ -567,7 +575,7 @@ impl TaskService {
         if let Some(master) = master {
             // Only opening containerd's fifos can fail here; the process then still runs and
             // its exit is watched like any other.
-            match io::attach_console(&p.stdio, master) {
+            match io::attach_console(&p.stdio, master, &self.log_context(&c.id)) {
                 Ok(pio) => p.io = pio,
                 Err(e) => log::error!("exec {exec_id} in {}: terminal not attached: {e}", c.id),
             }
