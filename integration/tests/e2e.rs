@@ -354,6 +354,74 @@ fn binary_log_uri_feeds_a_logging_binary(e: &Env) -> TestResult {
     e.assert_clean("binlog")
 }
 
+/// nerdctl (`CHALK_NERDCTL`) against the same containerd: attached, and detached with its
+/// logging binary (`binary://`) and `nerdctl logs`.
+fn nerdctl_runs_sandboxes(e: &Env) -> TestResult {
+    let nerdctl = std::env::var("CHALK_NERDCTL").map_err(|_| "CHALK_NERDCTL is not set")?;
+    let data_root = e.c.dir().join("nerdctl");
+    let run = |args: &[&str]| -> CtrOutput {
+        Command::new(&nerdctl)
+            .arg("--address")
+            .arg(e.c.socket())
+            .args(["--namespace", &e.c.namespace, "--data-root"])
+            .arg(&data_root)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nerdctl")
+            .into()
+    };
+    let out = run(&[
+        "run",
+        "--rm",
+        "--net",
+        "none",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "echo",
+        "hello from nerdctl",
+    ]);
+    ensure!(
+        out.code == 0 && out.stdout == "hello from nerdctl\n",
+        "nerdctl run --rm: {out:?}"
+    );
+
+    let out = run(&[
+        "run",
+        "-d",
+        "--name",
+        "nerd",
+        "--net",
+        "none",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "sh",
+        "-c",
+        "echo to-log; echo to-err >&2; sleep 1000",
+    ]);
+    ensure!(out.code == 0, "nerdctl run -d: {out:?}");
+    let id = out.stdout.trim().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let logs = loop {
+        let logs = run(&["logs", "nerd"]);
+        if logs.stdout.contains("to-log") && logs.stderr.contains("to-err")
+            || Instant::now() > deadline
+        {
+            break logs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let removed = run(&["rm", "-f", "nerd"]);
+    ensure!(
+        logs.stdout == "to-log\n" && logs.stderr == "to-err\n",
+        "nerdctl logs: {logs:?}"
+    );
+    ensure!(removed.code == 0, "nerdctl rm -f: {removed:?}");
+    e.assert_clean(&id)
+}
+
 // ---- exec ------------------------------------------------------------------------------------
 
 fn exec_has_its_own_status_and_output(e: &Env) -> TestResult {
@@ -927,13 +995,24 @@ fn main() {
         ("shim_logs_reach_containerd", shim_logs_reach_containerd),
         ("dead_shim_is_cleaned_up", dead_shim_is_cleaned_up),
     ];
-    let trials = cases
+    // Tests of an optional peer are listed as ignored, never passed, when it is absent.
+    let optional: &[(&str, &str, Case)] = &[(
+        "nerdctl_runs_sandboxes",
+        "CHALK_NERDCTL",
+        nerdctl_runs_sandboxes,
+    )];
+    let mut trials: Vec<Trial> = cases
         .iter()
         .map(|&(name, case)| {
             let env = env.clone();
             Trial::test(name, move || case(&env))
         })
         .collect();
+    for &(name, var, case) in optional {
+        let env = env.clone();
+        let absent = std::env::var_os(var).is_none_or(|v| v.is_empty());
+        trials.push(Trial::test(name, move || case(&env)).with_ignored_flag(absent));
+    }
     let conclusion = libtest_mimic::run(&args, trials);
     drop(env);
     conclusion.exit();
