@@ -7,7 +7,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use chalk_runtime::{runsc::Runsc, state::Status};
+use chalk_runtime::{
+    runsc::{Features, Runsc},
+    state::Status,
+};
 
 use crate::io::{ProcessIo, StdioPaths};
 
@@ -116,6 +119,8 @@ pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
     pub runsc: Runsc,
+    /// What this container's runsc binary can do.
+    pub features: Features,
     pub rootfs_mounted: bool,
     pub netns: Option<PathBuf>,
     pub state: Mutex<ContainerState>,

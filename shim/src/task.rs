@@ -128,7 +128,13 @@ impl TaskService {
         &self.inner.events
     }
 
-    fn runsc_for(&self, opts: &RuntimeOptions, bundle: &Path, id: &str) -> Result<Runsc> {
+    /// The runsc for a container, and what that runsc binary can do.
+    fn runsc_for(
+        &self,
+        opts: &RuntimeOptions,
+        bundle: &Path,
+        id: &str,
+    ) -> Result<(Runsc, Features)> {
         // `%ID%` in a flag (e.g. debug-log) names the container, whatever the runsc release.
         let flags = opts
             .runsc_flags()
@@ -159,7 +165,7 @@ impl TaskService {
         features
             .check_flags(&runsc.global().flags)
             .map_err(ShimError::InvalidArgument)?;
-        Ok(runsc)
+        Ok((runsc, features))
     }
 
     // ---- create / start ------------------------------------------------------------------
@@ -206,7 +212,18 @@ impl TaskService {
                 req.id
             )));
         }
-        let runsc = self.runsc_for(&opts, &bundle, &req.id)?;
+        let (runsc, features) = self.runsc_for(&opts, &bundle, &req.id)?;
+        log::info!(
+            "container {}: runsc {} ({}); resource updates via {}",
+            req.id,
+            runsc.binary().display(),
+            features.version,
+            if features.has_command("update") {
+                "runsc update"
+            } else {
+                "the sandbox cgroup"
+            }
+        );
         create_private_dir(&runsc.global().root)?;
 
         let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
@@ -244,6 +261,7 @@ impl TaskService {
             id: req.id.clone(),
             bundle: bundle.clone(),
             runsc,
+            features,
             rootfs_mounted,
             netns,
             state: Mutex::new(ContainerState {
@@ -837,6 +855,16 @@ impl TaskService {
             }
             st.init.pid
         };
+        if c.features.has_command("update") {
+            // This runsc updates the sandbox's cgroup and its own view of the limits.
+            let file = c
+                .bundle
+                .join(format!(".update-{}.json", std::process::id()));
+            write_private(&file, &resources.value)?;
+            let result = c.runsc.update(id, &file);
+            let _ = std::fs::remove_file(&file);
+            return Ok(result?);
+        }
         let cgroup = containerd_shim::cgroup::get_cgroup(pid)
             .map_err(|e| ShimError::internal(format!("cgroup of {id}"), e))?;
         containerd_shim::cgroup::update_resources(&cgroup, &parsed)

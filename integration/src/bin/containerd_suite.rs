@@ -207,6 +207,24 @@ fn reason(output: &str, name: &str) -> String {
         .collect()
 }
 
+/// Kills what a test left running: its daemon (a process group of its own by now) and the
+/// shims and sandboxes that daemon started, all of which name the suite's state directory.
+fn sweep() {
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains("containerd-test") {
+            // SAFETY: kill(2) of a process left by the suite.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(report) = args.get(1) else {
@@ -292,6 +310,16 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
             .args(extra)
             .current_dir(&dir)
             .stdin(Stdio::null());
+        // Its own process group, so a test that hangs takes its daemon down with it.
+        // SAFETY: setpgid is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         cmd
     };
     // The suite's TestMain (daemon start, seed pull) runs before the listing too.
@@ -315,6 +343,7 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
         ])
         .output()
         .map_err(|e| format!("run {name}: {e}"))?;
+        sweep();
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

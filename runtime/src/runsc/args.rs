@@ -59,6 +59,10 @@ pub enum Op<'a> {
     Stats {
         id: &'a str,
     },
+    Update {
+        id: &'a str,
+        resources: &'a Path,
+    },
 }
 
 impl Op<'_> {
@@ -75,6 +79,7 @@ impl Op<'_> {
             Op::Pause { .. } => "pause",
             Op::Resume { .. } => "resume",
             Op::Stats { .. } => "events",
+            Op::Update { .. } => "update",
         }
     }
 
@@ -89,7 +94,8 @@ impl Op<'_> {
             | Op::Ps { id }
             | Op::Pause { id }
             | Op::Resume { id }
-            | Op::Stats { id } => id,
+            | Op::Stats { id }
+            | Op::Update { id, .. } => id,
         }
     }
 }
@@ -148,6 +154,7 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
         }
         Op::Ps { .. } => a.push("--format=json".into()),
         Op::Stats { .. } => a.push("--stats".into()),
+        Op::Update { resources, .. } => a.extend(["--resources".into(), resources.into()]),
         Op::Start { .. } | Op::State { .. } | Op::Pause { .. } | Op::Resume { .. } => {}
     }
     // Go's flag parser stops at the first positional argument: the id goes last but for kill.
@@ -255,6 +262,13 @@ mod tests {
         assert_eq!(
             render(Op::Stats { id: "c" }),
             format!("{G} events --stats c")
+        );
+        assert_eq!(
+            render(Op::Update {
+                id: "c",
+                resources: Path::new("/b/r.json")
+            }),
+            format!("{G} update --resources /b/r.json c")
         );
         assert_eq!(
             render(Op::Exec {

@@ -16,6 +16,9 @@ pub struct Features {
     pub version: String,
     /// Global flag names without the dash.
     pub global_flags: BTreeSet<String>,
+    /// Subcommands, from `runsc help` (the 2022 build has no `update`).
+    #[serde(default)]
+    pub commands: BTreeSet<String>,
 }
 
 impl Features {
@@ -23,7 +26,18 @@ impl Features {
         Features {
             version: parse_version(version_output),
             global_flags: parse_flag_names(flags_output),
+            commands: BTreeSet::new(),
         }
+    }
+
+    /// Adds the subcommands listed by `runsc help`.
+    pub fn with_help(mut self, help_output: &str) -> Self {
+        self.commands = parse_commands(help_output);
+        self
+    }
+
+    pub fn has_command(&self, name: &str) -> bool {
+        self.commands.contains(name)
     }
 
     /// Checks `--key=value` flags from the runtime options against what this runsc accepts.
@@ -78,8 +92,9 @@ impl FeatureCache {
     fn fingerprint(binary: &Path) -> Option<(PathBuf, String)> {
         let path = resolve_binary(binary)?.canonicalize().ok()?;
         let m = std::fs::metadata(&path).ok()?;
+        // The leading number is the cache format: bump it when Features gains a field.
         let print = format!(
-            "{}:{}:{}:{}:{}.{}",
+            "2:{}:{}:{}:{}:{}.{}",
             path.display(),
             m.dev(),
             m.ino(),
@@ -147,6 +162,17 @@ pub fn parse_flag_names(output: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Subcommand names from `runsc help`: lines of a tab, a name, spaces and a description.
+pub fn parse_commands(output: &str) -> BTreeSet<String> {
+    output
+        .lines()
+        .filter(|l| l.starts_with('\t'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+        .map(String::from)
+        .collect()
+}
+
 pub fn parse_version(output: &str) -> String {
     output.lines().next().unwrap_or("").trim().to_string()
 }
@@ -165,6 +191,16 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         assert_eq!(names, expected);
+    }
+
+    #[test]
+    fn parses_subcommands() {
+        let help = "Subcommands:\n\tcheckpoint       checkpoint current state\n\tupdate           update container resource constraints\n\nSubcommands for debug:\n\tdebug            shows a variety\n";
+        let f = Features::default().with_help(help);
+        assert!(f.has_command("update") && f.has_command("checkpoint"));
+        assert!(!Features::default()
+            .with_help("\tcheckpoint  x\n")
+            .has_command("update"));
     }
 
     #[test]

@@ -160,7 +160,8 @@ impl Runsc {
     pub fn features(&self) -> Result<Features> {
         let version = self.plain(&["--version"])?;
         let flags = self.plain(&["flags"])?;
-        Ok(Features::from_outputs(&version, &flags))
+        let help = self.plain(&["help"])?;
+        Ok(Features::from_outputs(&version, &flags).with_help(&help))
     }
 
     /// Runs runsc with bare arguments (no root, no log) and returns its stdout.
@@ -300,6 +301,12 @@ impl Runsc {
 
     pub fn delete(&self, id: &str, force: bool) -> Result<()> {
         self.run(Op::Delete { id, force }, None).map(drop)
+    }
+
+    /// New resource limits (an OCI `LinuxResources` JSON file); only runsc releases that
+    /// have the `update` command.
+    pub fn update(&self, id: &str, resources: &Path) -> Result<()> {
+        self.run(Op::Update { id, resources }, None).map(drop)
     }
 
     pub fn pause(&self, id: &str) -> Result<()> {
