@@ -13,6 +13,45 @@ const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 const LAYER_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
 
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh
+daemon:x:1:1:daemon:/usr/sbin:/bin/false
+bin:x:2:2:bin:/bin:/bin/false
+sys:x:3:3:sys:/dev:/bin/false
+sync:x:4:100:sync:/bin:/bin/sync
+mail:x:8:8:mail:/var/spool/mail:/bin/false
+www-data:x:33:33:www-data:/var/www:/bin/false
+operator:x:37:37:Operator:/var:/bin/false
+nobody:x:65534:65534:nobody:/home:/bin/false
+";
+
+const GROUP: &str = "root:x:0:
+daemon:x:1:
+bin:x:2:
+sys:x:3:
+adm:x:4:
+tty:x:5:
+disk:x:6:
+lp:x:7:
+mail:x:8:
+kmem:x:9:
+wheel:x:10:root
+cdrom:x:11:
+dialout:x:18:
+floppy:x:19:
+video:x:28:
+audio:x:29:
+tape:x:32:
+www-data:x:33:
+operator:x:37:
+utmp:x:43:
+plugdev:x:46:
+staff:x:50:
+lock:x:54:
+netdev:x:82:
+users:x:100:
+nogroup:x:65534:
+";
+
 fn sha256(data: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(data))
 }
@@ -92,13 +131,10 @@ pub fn busybox_layer(busybox: &Path) -> io::Result<Vec<u8>> {
     b.append_link(&mut h, "sbin", "bin")?;
     let mut h = header("usr/bin", tar::EntryType::Symlink, 0o777, 0);
     b.append_link(&mut h, "usr/bin", "../bin")?;
-    add_file(
-        &mut b,
-        "etc/passwd",
-        0o644,
-        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
-    )?;
-    add_file(&mut b, "etc/group", 0o644, b"root:x:0:\nnogroup:x:65534:\n")?;
+    // The users and groups of the stock busybox image, which tests (containerd's among them)
+    // look up by name and id.
+    add_file(&mut b, "etc/passwd", 0o644, PASSWD.as_bytes())?;
+    add_file(&mut b, "etc/group", 0o644, GROUP.as_bytes())?;
     add_file(&mut b, "etc/hostname", 0o644, b"chalk\n")?;
     b.into_inner()
 }

@@ -4,6 +4,7 @@
 mod container;
 mod errors;
 mod events;
+mod info;
 mod io;
 mod logger;
 mod metrics;
@@ -14,5 +15,8 @@ mod service;
 mod task;
 
 fn main() {
+    if info::handle_info_flag() {
+        return;
+    }
     containerd_shim::run::<service::Service>("io.containerd.chalk.v1", None);
 }

@@ -653,6 +653,8 @@ impl TaskService {
                     Some(cell) if cell.wait_timeout(Duration::from_millis(300)).is_some() => {
                         Err(finished())
                     }
+                    // runsc no longer knows the container (its state was removed behind us).
+                    Some(_) if e.to_string().contains("does not exist") => Err(finished()),
                     Some(_) => Err(e.into()),
                 }
             }
@@ -710,9 +712,10 @@ impl TaskService {
                 .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
             state::check_deletable(exec_id, p.status)?;
             let p = st.execs.remove(exec_id).expect("checked above");
-            // A Wait on an exec that never started must not outlive it.
+            // A Wait on an exec that never started must not outlive it; like runc's shim, a
+            // never-started exec reads exit status 0.
             p.exit.set(ExitInfo {
-                status: 255,
+                status: 0,
                 at: SystemTime::now(),
             });
             let _ = std::fs::remove_file(c.exec_spec_path(exec_id));
