@@ -304,6 +304,8 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
             .arg(format!("PATH={path}"))
             .arg(format!("SSL_CERT_FILE={}", dir.join("ca.crt").display()))
             .arg("TEST_RUNTIME=io.containerd.chalk.v1")
+            // The suite's switch for tests that drive the runc binary directly.
+            .arg("RUNC_FLAVOR=runsc")
             .arg(format!("CHALK_SHIM_CONFIG={}", c.options_path().display()))
             .arg(&suite)
             .args(["-test.root", "-no-criu", "-test.count=1"])
