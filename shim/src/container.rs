@@ -29,12 +29,14 @@ pub struct ExitCell {
 }
 
 impl ExitCell {
-    pub fn set(&self, info: ExitInfo) {
+    /// Records the exit unless one is recorded already; returns the one that holds.
+    pub fn set(&self, info: ExitInfo) -> ExitInfo {
         let mut exit = self.exit.lock().unwrap();
         if exit.is_none() {
             *exit = Some(info);
             self.cond.notify_all();
         }
+        exit.unwrap_or(info)
     }
 
     pub fn get(&self) -> Option<ExitInfo> {
@@ -82,13 +84,6 @@ impl Process {
             io: ProcessIo::default(),
             exit: Arc::default(),
         }
-    }
-
-    pub fn exit_info(&self) -> ExitInfo {
-        self.exit.get().unwrap_or(ExitInfo {
-            status: 0,
-            at: SystemTime::UNIX_EPOCH,
-        })
     }
 }
 
@@ -154,11 +149,12 @@ mod tests {
             status: 7,
             at: SystemTime::now(),
         };
-        cell.set(first);
-        cell.set(ExitInfo {
+        assert_eq!(cell.set(first), first);
+        let later = cell.set(ExitInfo {
             status: 9,
             at: SystemTime::now(),
         });
+        assert_eq!(later, first, "the first exit holds");
         assert_eq!(waiter.join().unwrap(), first);
         assert_eq!(cell.get(), Some(first));
     }

@@ -306,18 +306,14 @@ impl ConsoleSocket {
         &self.path
     }
 
-    /// Receives the master fd, waiting up to `timeout`; `gave_up` stops early (runsc died).
-    pub fn receive(
-        &self,
-        timeout: Duration,
-        mut gave_up: impl FnMut() -> bool,
-    ) -> io::Result<File> {
+    /// Receives the master fd, waiting up to `timeout`.
+    pub fn receive(&self, timeout: Duration) -> io::Result<File> {
         let deadline = Instant::now() + timeout;
         let stream = loop {
             match self.listener.accept() {
                 Ok((stream, _)) => break stream,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline || gave_up() {
+                    if Instant::now() > deadline {
                         return Err(io::Error::new(
                             io::ErrorKind::TimedOut,
                             "runsc did not send the terminal's master end",

@@ -347,7 +347,7 @@ impl TaskService {
         })?;
         if let Some(console) = console {
             let master = console
-                .receive(START_TIMEOUT, || false)
+                .receive(START_TIMEOUT)
                 .map_err(|e| ShimError::internal(format!("terminal of {}", c.id), e))?;
             if let Some((w, h)) = read_spec(&c.bundle).and_then(|s| io::console_size(&s["process"]))
             {
@@ -714,30 +714,31 @@ impl TaskService {
             let p = st.execs.remove(exec_id).expect("checked above");
             // A Wait on an exec that never started must not outlive it; like runc's shim, a
             // never-started exec reads exit status 0.
-            p.exit.set(ExitInfo {
+            let exit = p.exit.set(ExitInfo {
                 status: 0,
                 at: SystemTime::now(),
             });
             let _ = std::fs::remove_file(c.exec_spec_path(exec_id));
             let _ = std::fs::remove_file(c.exec_pid_path(exec_id));
-            return Ok((p.pid, p.exit_info()));
+            return Ok((p.pid, exit));
         }
 
-        let (pid, status, cell) = {
+        let (pid, cell) = {
             let st = c.state.lock().unwrap();
             state::check_deletable(id, st.init.status)?;
-            (st.init.pid, st.init.status, st.init.exit.clone())
+            (st.init.pid, st.init.exit.clone())
         };
         c.runsc.delete(id, true)?;
-        if status == Status::Created {
-            // The sandbox was killed by the forced delete: report that exit, not a made-up one.
-            if cell.wait_timeout(Duration::from_secs(5)).is_none() {
+        // A stopped init has its exit already. A created one was just killed by the forced
+        // delete: report that exit as reaped, and SIGKILL's status only if it never arrives.
+        let exit = cell
+            .wait_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|| {
                 cell.set(ExitInfo {
                     status: 137,
                     at: SystemTime::now(),
-                });
-            }
-        }
+                })
+            });
         {
             // Nothing may wait forever on a process of a deleted container.
             let mut st = c.state.lock().unwrap();
@@ -754,10 +755,6 @@ impl TaskService {
         let _ = std::fs::remove_file(c.init_pid_path());
         self.inner.containers.lock().unwrap().remove(id);
 
-        let exit = cell.get().unwrap_or(ExitInfo {
-            status: 0,
-            at: SystemTime::now(),
-        });
         let mut ev = TaskDelete::new();
         ev.container_id = id.to_string();
         ev.id = id.to_string();
@@ -846,8 +843,7 @@ impl TaskService {
         let Some(resources) = resources.filter(|r| !r.value.is_empty()) else {
             return Ok(());
         };
-        let res: containerd_shim::protos::protobuf::well_known_types::any::Any = resources.clone();
-        let parsed: oci_spec::runtime::LinuxResources = serde_json::from_slice(&res.value)
+        let parsed: oci_spec::runtime::LinuxResources = serde_json::from_slice(&resources.value)
             .map_err(|e| ShimError::InvalidArgument(format!("resources for {id}: {e}")))?;
         let pid = {
             let st = c.state.lock().unwrap();
