@@ -15,7 +15,7 @@ use std::{
 pub const IMAGE: &str = "docker.io/chalk/busybox:test";
 
 /// Picks a program from an environment variable, else the name on PATH.
-fn program(var: &str, default: &str) -> PathBuf {
+pub fn program(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

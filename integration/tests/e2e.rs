@@ -469,6 +469,31 @@ fn exec_has_its_own_status_and_output(e: &Env) -> TestResult {
     e.assert_clean("execs")
 }
 
+fn non_root_processes_get_no_effective_capabilities(e: &Env) -> TestResult {
+    e.run_detached("caps", &["sleep", "60"])?;
+    let eff = |user: Option<&str>| {
+        let mut args = vec!["task", "exec", "--exec-id", "capeff"];
+        if let Some(u) = user {
+            args.extend_from_slice(&["--user", u]);
+        }
+        args.extend_from_slice(&["caps", "grep", "CapEff", "/proc/self/status"]);
+        e.ctr(&args)
+    };
+    let root = eff(None);
+    let user = eff(Some("1000"));
+    e.remove("caps");
+    // As under runc: a non-root process keeps only its ambient capabilities after execve.
+    ensure!(
+        root.code == 0 && !root.stdout.contains("0000000000000000"),
+        "root should keep capabilities: {root:?}"
+    );
+    ensure!(
+        user.code == 0 && user.stdout.trim_end().ends_with("0000000000000000"),
+        "uid 1000 must have none effective: {user:?}"
+    );
+    e.assert_clean("caps")
+}
+
 fn kill_all_stops_every_process(e: &Env) -> TestResult {
     e.run_detached("killall", &["sh", "-c", "sleep 1000 & sleep 1000 & wait"])?;
     let out = e.ctr(&["task", "kill", "-a", "-s", "SIGKILL", "killall"]);
@@ -788,6 +813,15 @@ fn bad_spec_fails_at_create_with_runscs_reason(e: &Env) -> TestResult {
         serde_json::from_str(&spec.stdout).map_err(|e| e.to_string())?;
     spec["process"]["args"] = serde_json::json!(["true"]);
     spec["process"]["capabilities"]["bounding"] = serde_json::json!(["CAP_BOGUS"]);
+    // A root filesystem holding the executable, so that runsc is the one to object.
+    let root = e.c.dir().join("bad-spec-root");
+    std::fs::create_dir_all(root.join("bin")).map_err(|e| e.to_string())?;
+    std::fs::copy(
+        chalk_integration::containerd::program("CHALK_BUSYBOX", "/bin/busybox"),
+        root.join("bin/true"),
+    )
+    .map_err(|e| e.to_string())?;
+    spec["root"]["path"] = root.display().to_string().into();
     let path = e.c.dir().join("bad-spec.json");
     std::fs::write(&path, spec.to_string()).map_err(|e| e.to_string())?;
     let out = e.ctr(&[
@@ -967,6 +1001,10 @@ fn main() {
         (
             "exec_has_its_own_status_and_output",
             exec_has_its_own_status_and_output,
+        ),
+        (
+            "non_root_processes_get_no_effective_capabilities",
+            non_root_processes_get_no_effective_capabilities,
         ),
         ("kill_all_stops_every_process", kill_all_stops_every_process),
         ("pause_resume_and_pids", pause_resume_and_pids),

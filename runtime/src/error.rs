@@ -53,6 +53,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    #[error("executable {name:?} not found in the container's root filesystem{searched}: fix the process args or the image")]
+    ExecutableNotFound { name: String, searched: String },
+
     #[error("cannot parse {what}: {message}")]
     Parse { what: String, message: String },
 }

@@ -5,10 +5,14 @@
 //! - [`state`]: the process lifecycle state machine.
 //! - [`bundle`]: what the shim persists in the bundle so a later `delete` can clean up.
 //! - [`stats`]: runsc's statistics output.
+//! - [`caps`]: capabilities narrowed for non-root processes as execve would.
+//! - [`executable`]: finds a container's executable before its sandbox is made.
 //! - [`ids`]: validation of container and exec ids before they reach a path or argv.
 
 pub mod bundle;
+pub mod caps;
 pub mod error;
+pub mod executable;
 pub mod ids;
 pub mod netns;
 pub mod options;

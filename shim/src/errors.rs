@@ -34,7 +34,9 @@ impl ShimError {
             ShimError::Unimplemented(_) => Code::UNIMPLEMENTED,
             ShimError::Internal(_) => Code::INTERNAL,
             ShimError::Runtime(e) => match e {
-                R::InvalidId { .. } | R::Options { .. } => Code::INVALID_ARGUMENT,
+                R::InvalidId { .. } | R::Options { .. } | R::ExecutableNotFound { .. } => {
+                    Code::INVALID_ARGUMENT
+                }
                 R::InvalidState { .. } => Code::FAILED_PRECONDITION,
                 R::RunscMissing { .. } | R::RunscBroken { .. } => Code::FAILED_PRECONDITION,
                 R::Runsc { .. } | R::Io { .. } | R::Parse { .. } => Code::INTERNAL,

@@ -268,7 +268,13 @@ pub fn attach_console(paths: &StdioPaths, master: File, ctx: &LogContext) -> io:
         spawn_stdin_copier(&paths.stdin, sink.clone())?;
         pio.stdin = Some(sink);
     }
-    if let (Some(mut out), _) = open_outputs(paths, ctx)? {
+    // A terminal merges stderr into stdout: containerd's cio names a stderr fifo but never
+    // creates it, so only stdout is opened.
+    let stdout_only = StdioPaths {
+        stderr: String::new(),
+        ..paths.clone()
+    };
+    if let (Some(mut out), _) = open_outputs(&stdout_only, ctx)? {
         let mut from_master = master.try_clone()?;
         // Ends with EIO once every slave end is closed; dropping `out` then gives containerd EOF.
         std::thread::Builder::new()

@@ -5,7 +5,7 @@
 
 use chalk_runtime::options::RuntimeOptions;
 use containerd_shim::protos::{
-    protobuf::{well_known_types::any::Any, CodedInputStream, Message},
+    protobuf::{self, rt::WireType, well_known_types::any::Any, CodedInputStream, Message},
     shim::oci::Options as RuncOptions,
 };
 
@@ -23,28 +23,78 @@ pub struct CriOptions {
 }
 
 pub fn decode_cri_options(bytes: &[u8]) -> Result<CriOptions> {
-    let bad = |e: containerd_shim::protos::protobuf::Error| {
-        ShimError::InvalidArgument(format!("cannot decode {CRI_OPTIONS}: {e}"))
-    };
     let mut out = CriOptions::default();
+    read_fields(bytes, CRI_OPTIONS, |field, input| {
+        match field {
+            1 => out.type_url = input.read_string()?,
+            2 => out.config_path = input.read_string()?,
+            3 => out.config_body = input.read_bytes()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// Walks the fields of a protobuf message: `take` reads the fields it knows and returns
+/// false for the others, which are skipped.
+fn read_fields(
+    bytes: &[u8],
+    what: &str,
+    mut take: impl FnMut(u32, &mut CodedInputStream) -> protobuf::Result<bool>,
+) -> Result<()> {
+    let bad = |e: protobuf::Error| ShimError::InvalidArgument(format!("cannot decode {what}: {e}"));
     let mut input = CodedInputStream::from_bytes(bytes);
     while let Some(tag) = input.read_raw_tag_or_eof().map_err(bad)? {
-        match tag >> 3 {
-            1 => out.type_url = input.read_string().map_err(bad)?,
-            2 => out.config_path = input.read_string().map_err(bad)?,
-            3 => out.config_body = input.read_bytes().map_err(bad)?,
-            _ => {
-                let wire_type = containerd_shim::protos::protobuf::rt::WireType::new(tag & 7)
-                    .ok_or_else(|| {
-                        ShimError::InvalidArgument(format!(
-                            "{CRI_OPTIONS}: bad wire type in tag {tag}"
-                        ))
-                    })?;
-                input.skip_field(wire_type).map_err(bad)?;
+        if take(tag >> 3, &mut input).map_err(bad)? {
+            continue;
+        }
+        let wire_type = WireType::new(tag & 7).ok_or_else(|| {
+            ShimError::InvalidArgument(format!("{what}: bad wire type in tag {tag}"))
+        })?;
+        input.skip_field(wire_type).map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// The runc-style task options on `shim start`'s stdin. containerd 2.2+ sends its bootstrap
+/// parameters (`containerd.runtime.bootstrap.v1.BootstrapParams`, the options among its
+/// extensions), containerd 1.6 an `Any`, and 2.0/2.1 the bare message.
+pub fn start_options(stdin: &[u8]) -> Option<RuncOptions> {
+    if stdin.is_empty() {
+        return None;
+    }
+    let mut extensions = Vec::new();
+    let bootstrap = read_fields(stdin, "bootstrap parameters", |field, input| {
+        if field != 8 {
+            return Ok(false);
+        }
+        // Extension { google.protobuf.Any value = 1; }
+        let extension = input.read_bytes()?;
+        let mut inner = CodedInputStream::from_bytes(&extension);
+        while let Some(tag) = inner.read_raw_tag_or_eof()? {
+            if tag >> 3 == 1 {
+                extensions.push(Any::parse_from_bytes(&inner.read_bytes()?)?);
+            } else if let Some(wire_type) = WireType::new(tag & 7) {
+                inner.skip_field(wire_type)?;
             }
         }
+        Ok(true)
+    });
+    let runc = |any: &Any| {
+        (type_name(&any.type_url) == RUNC_OPTIONS)
+            .then(|| RuncOptions::parse_from_bytes(&any.value).ok())
+            .flatten()
+    };
+    if bootstrap.is_ok() {
+        if let Some(opts) = extensions.iter().find_map(runc) {
+            return Some(opts);
+        }
     }
-    Ok(out)
+    if let Some(opts) = Any::parse_from_bytes(stdin).ok().as_ref().and_then(runc) {
+        return Some(opts);
+    }
+    RuncOptions::parse_from_bytes(stdin).ok()
 }
 
 fn type_name(type_url: &str) -> &str {
@@ -127,6 +177,40 @@ mod tests {
         a.type_url = type_url.into();
         a.value = value;
         a
+    }
+
+    fn runc_options(cgroup: &str) -> RuncOptions {
+        let mut o = RuncOptions::new();
+        o.shim_cgroup = cgroup.into();
+        o
+    }
+
+    #[test]
+    fn start_options_in_every_shape_containerd_sends() {
+        let opts = runc_options("/containerd/shim");
+        let bare = opts.write_to_bytes().unwrap();
+        let wrapped = any("containerd.runc.v1.Options", bare.clone());
+        // containerd 2.2+: BootstrapParams { instance_id = 1; ...; repeated Extension = 8 }.
+        let mut extension = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut extension);
+            out.write_message(1, &wrapped).unwrap();
+            out.flush().unwrap();
+        }
+        let mut bootstrap = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut bootstrap);
+            out.write_string(1, "c1").unwrap();
+            out.write_string(2, "default").unwrap();
+            out.write_bytes(8, &extension).unwrap();
+            out.write_string(5, "unix:///run/containerd/containerd.sock.ttrpc")
+                .unwrap();
+            out.flush().unwrap();
+        }
+        for stdin in [bootstrap, wrapped.write_to_bytes().unwrap(), bare] {
+            assert_eq!(start_options(&stdin), Some(opts.clone()));
+        }
+        assert_eq!(start_options(b""), None);
     }
 
     #[test]

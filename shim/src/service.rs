@@ -12,11 +12,6 @@ use containerd_shim::{
     ExitSignal, Flags, Shim, StartOpts,
 };
 
-use containerd_shim::protos::{
-    protobuf::{well_known_types::any::Any, Message},
-    shim::oci::Options as RuncOptions,
-};
-
 use crate::{events::EventSender, reaper, task::TaskService};
 
 /// Containers of one Kubernetes pod share one shim, like they share one sandbox.
@@ -45,27 +40,15 @@ pub fn grouping(bundle: &Path, id: &str) -> String {
         .to_string()
 }
 
-/// The runc-style task options containerd writes on `shim start`'s stdin: wrapped in an Any
-/// (containerd 1.6) or as the bare message (containerd 2.x).
-fn start_options(stdin: &[u8]) -> Option<RuncOptions> {
-    if stdin.is_empty() {
-        return None;
-    }
-    if let Ok(any) = Any::parse_from_bytes(stdin) {
-        if any.type_url.ends_with("containerd.runc.v1.Options") {
-            return RuncOptions::parse_from_bytes(&any.value).ok();
-        }
-    }
-    RuncOptions::parse_from_bytes(stdin).ok()
-}
-
 /// Moves the shim daemon into the cgroup the task options name (ShimCgroup) and makes it a
 /// little more OOM-killable than containerd, as the runc shim does.
 fn place_shim(pid: u32) -> containerd_shim::Result<()> {
     use std::io::Read;
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);
-    if let Some(opts) = start_options(&stdin).filter(|o| !o.shim_cgroup.is_empty()) {
+    if let Some(opts) =
+        crate::runtime_options::start_options(&stdin).filter(|o| !o.shim_cgroup.is_empty())
+    {
         containerd_shim::cgroup::add_task_to_cgroup(&opts.shim_cgroup, pid)?;
     }
     containerd_shim::cgroup::adjust_oom_score(pid)
@@ -147,20 +130,6 @@ impl Shim for Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_shim_cgroup_from_either_encoding() {
-        let mut opts = RuncOptions::new();
-        opts.shim_cgroup = "/chalk/shim".into();
-        let bare = opts.write_to_bytes().unwrap();
-        assert_eq!(start_options(&bare).unwrap().shim_cgroup, "/chalk/shim");
-        let mut any = Any::new();
-        any.type_url = "containerd.runc.v1.Options".into();
-        any.value = bare;
-        let wrapped = any.write_to_bytes().unwrap();
-        assert_eq!(start_options(&wrapped).unwrap().shim_cgroup, "/chalk/shim");
-        assert!(start_options(&[]).is_none());
-    }
 
     #[test]
     fn groups_pod_containers_by_sandbox_id() {

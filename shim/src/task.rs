@@ -11,7 +11,7 @@ use std::{
 
 use chalk_runtime::{
     bundle::Record,
-    ids, netns,
+    caps, executable, ids, netns,
     options::RuntimeOptions,
     runsc::{ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
     state::{self, Event as Transition, Status},
@@ -239,10 +239,14 @@ impl TaskService {
         };
         record.write(&bundle)?;
         if let Some(path) = &netns {
-            if let Err(e) = self.make_netns(&bundle, spec, path) {
+            if let Err(e) = self.make_netns(path) {
                 cleanup_bundle(&bundle, false, None);
                 return Err(e);
             }
+        }
+        if let Err(e) = adapt_spec(&bundle, &spec, netns.as_deref(), req.terminal) {
+            cleanup_bundle(&bundle, false, netns.as_deref());
+            return Err(e);
         }
         let rootfs_mounted = match mount_rootfs(&bundle, &req.rootfs) {
             Ok(m) => m,
@@ -251,6 +255,11 @@ impl TaskService {
                 return Err(e);
             }
         };
+        // runsc would only notice at start; containerd clients expect Create to fail.
+        if let Err(e) = executable::check(&spec, &bundle) {
+            cleanup_bundle(&bundle, rootfs_mounted, netns.as_deref());
+            return Err(e.into());
+        }
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -302,18 +311,10 @@ impl TaskService {
         Ok(pid as u32)
     }
 
-    /// Makes the fresh network namespace the spec asks for and points the spec at it.
-    fn make_netns(&self, bundle: &Path, mut spec: serde_json::Value, path: &Path) -> Result<()> {
+    /// Makes the fresh network namespace the spec asks for.
+    fn make_netns(&self, path: &Path) -> Result<()> {
         netns::create(path).map_err(|e| {
             ShimError::internal(format!("create network namespace {}", path.display()), e)
-        })?;
-        netns::set_netns_path(&mut spec, path);
-        let config = bundle.join("config.json");
-        let patched =
-            serde_json::to_vec(&spec).map_err(|e| ShimError::internal("encode spec", e))?;
-        std::fs::write(&config, patched).map_err(|e| {
-            netns::remove(path);
-            ShimError::internal(format!("write {}", config.display()), e)
         })
     }
 
@@ -469,7 +470,14 @@ impl TaskService {
                 req.exec_id
             )));
         }
-        write_private(&c.exec_spec_path(&req.exec_id), spec)?;
+        let mut adapted = parsed.clone();
+        adapt_process(&mut adapted, req.terminal);
+        let spec = if adapted != parsed {
+            serde_json::to_vec(&adapted).map_err(|e| ShimError::internal("encode exec spec", e))?
+        } else {
+            spec.to_vec()
+        };
+        write_private(&c.exec_spec_path(&req.exec_id), &spec)?;
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -932,6 +940,40 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .map_err(|e| ShimError::internal(format!("write {}", path.display()), e))
 }
 
+/// Rewrites the bundle's spec where gVisor needs it: the network namespace the shim made, and
+/// the process adapted as [`adapt_process`] says.
+fn adapt_spec(
+    bundle: &Path,
+    spec: &serde_json::Value,
+    netns: Option<&Path>,
+    terminal: bool,
+) -> Result<()> {
+    let mut adapted = spec.clone();
+    if let Some(path) = netns {
+        netns::set_netns_path(&mut adapted, path);
+    }
+    adapt_process(&mut adapted["process"], terminal);
+    if &adapted == spec {
+        return Ok(());
+    }
+    let config = bundle.join("config.json");
+    let bytes = serde_json::to_vec(&adapted).map_err(|e| ShimError::internal("encode spec", e))?;
+    std::fs::write(&config, bytes)
+        .map_err(|e| ShimError::internal(format!("write {}", config.display()), e))
+}
+
+/// Capabilities narrowed as Linux's execve would (see [`caps`]), and the terminal flag set to
+/// what the request's stdio is: containerd's clients may ask for a pty with a process spec
+/// that says `terminal: false`, and gVisor's writes to a pty it was not told of fail once the
+/// pty's buffer is full.
+fn adapt_process(process: &mut serde_json::Value, terminal: bool) {
+    caps::narrow_to_exec_semantics(process);
+    let asked = process.get("terminal").and_then(|t| t.as_bool());
+    if process.is_object() && asked.unwrap_or(false) != terminal {
+        process["terminal"] = terminal.into();
+    }
+}
+
 /// Mounts containerd's rootfs mounts at `<bundle>/rootfs`; false when there were none.
 fn mount_rootfs(
     bundle: &Path,
@@ -1099,5 +1141,35 @@ impl Task for TaskService {
             "checkpoint of {}: not supported by this release of io.containerd.chalk.v1",
             req.id
         ))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn process_terminal_follows_the_request() {
+        let mut p = json!({"args": ["sh"], "terminal": false});
+        adapt_process(&mut p, true);
+        assert_eq!(p["terminal"], json!(true));
+        adapt_process(&mut p, false);
+        assert_eq!(p["terminal"], json!(false));
+        // Absent reads as false: nothing to rewrite.
+        let mut p = json!({"args": ["sh"]});
+        adapt_process(&mut p, false);
+        assert_eq!(p, json!({"args": ["sh"]}));
+    }
+
+    #[test]
+    fn adapted_spec_is_written_only_when_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = json!({"process": {"args": ["sh"], "user": {"uid": 0}}});
+        adapt_spec(dir.path(), &spec, None, false).unwrap();
+        assert!(!dir.path().join("config.json").exists());
+        adapt_spec(dir.path(), &spec, None, true).unwrap();
+        let written = read_spec(dir.path()).unwrap();
+        assert_eq!(written["process"]["terminal"], json!(true));
     }
 }

@@ -243,6 +243,9 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
     let registry = env_path("CHALK_REGISTRY")?;
     let containerd = env_path("CHALK_CONTAINERD")?;
 
+    // Each test's output is kept next to the report, for reading failures afterwards.
+    let logs = report.with_extension("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
     let c = Containerd::start().map_err(|e| e.to_string())?;
     c.import_busybox().map_err(|e| e.to_string())?;
     let dir = c.dir().join("suite");
@@ -359,7 +362,7 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
             Outcome::Fail(reason(&text, name))
         };
         eprintln!("{name}: {outcome:?} ({:.1?})", started.elapsed());
-        std::fs::write(dir.join(format!("{name}.log")), &text).ok();
+        std::fs::write(logs.join(format!("{name}.log")), &text).ok();
         results.push((name.to_string(), outcome));
     }
 
