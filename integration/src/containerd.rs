@@ -205,9 +205,21 @@ impl Containerd {
 
     /// Builds the busybox image and imports it as [`IMAGE`].
     pub fn import_busybox(&self) -> io::Result<()> {
+        self.import_variant(IMAGE, "")
+    }
+
+    /// Imports the busybox image as `name`; a non-empty `variant` gives it another digest.
+    pub fn import_variant(&self, name: &str, variant: &str) -> io::Result<()> {
         let busybox = program("CHALK_BUSYBOX", "/bin/busybox");
-        let archive = self.dir().join("busybox.oci.tar");
-        crate::image::write_busybox_archive(&busybox, IMAGE, &archive)?;
+        let layer = crate::image::busybox_layer(&busybox)?;
+        let archive = self.dir().join(format!(
+            "busybox-{}.oci.tar",
+            if variant.is_empty() { "plain" } else { variant }
+        ));
+        std::fs::write(
+            &archive,
+            crate::image::oci_archive_labelled(&layer, name, variant)?,
+        )?;
         let out = self.ctr([
             OsStr::new("images"),
             OsStr::new("import"),

@@ -141,12 +141,24 @@ pub fn busybox_layer(busybox: &Path) -> io::Result<Vec<u8>> {
 
 /// An OCI archive for `ctr images import`, named `name` (a full reference).
 pub fn oci_archive(layer: &[u8], name: &str) -> io::Result<Vec<u8>> {
+    oci_archive_labelled(layer, name, "")
+}
+
+/// Like [`oci_archive`], with a `chalk.variant` label in the image config when `variant` is
+/// not empty: the same files under another digest.
+pub fn oci_archive_labelled(layer: &[u8], name: &str, variant: &str) -> io::Result<Vec<u8>> {
     let tag = name.rsplit(':').next().unwrap_or("latest");
     let layer_digest = sha256(layer);
+    let mut image_config = serde_json::json!({
+        "Env": ["PATH=/bin:/sbin:/usr/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/"
+    });
+    if !variant.is_empty() {
+        image_config["Labels"] = serde_json::json!({ "chalk.variant": variant });
+    }
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": oci_arch(),
         "os": "linux",
-        "config": { "Env": ["PATH=/bin:/sbin:/usr/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/" },
+        "config": image_config,
         "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
     }))?;
     let manifest = serde_json::to_vec(&serde_json::json!({

@@ -973,6 +973,9 @@ fn find_shim(id: &str) -> Option<i32> {
         })
 }
 
+#[path = "e2e/snapshots.rs"]
+mod snapshots;
+
 fn main() {
     let args = Arguments::from_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1032,6 +1035,22 @@ fn main() {
         ("runsc_debug_log_when_asked", runsc_debug_log_when_asked),
         ("shim_logs_reach_containerd", shim_logs_reach_containerd),
         ("dead_shim_is_cleaned_up", dead_shim_is_cleaned_up),
+        (
+            "snapshot_keeps_the_source_and_forks_continue",
+            snapshots::snapshot_keeps_the_source_and_forks_continue,
+        ),
+        (
+            "suspend_releases_the_sandbox_and_resume_continues",
+            snapshots::suspend_releases_the_sandbox_and_resume_continues,
+        ),
+        (
+            "tampered_snapshots_are_refused",
+            snapshots::tampered_snapshots_are_refused,
+        ),
+        (
+            "restore_is_pinned_to_the_image_digest",
+            snapshots::restore_is_pinned_to_the_image_digest,
+        ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.
     let optional: &[(&str, &str, Case)] = &[(

@@ -56,6 +56,9 @@ pub enum Error {
     #[error("executable {name:?} not found in the container's root filesystem{searched}: fix the process args or the image")]
     ExecutableNotFound { name: String, searched: String },
 
+    #[error("snapshot {dir:?}: {message}")]
+    Snapshot { dir: PathBuf, message: String },
+
     #[error("cannot parse {what}: {message}")]
     Parse { what: String, message: String },
 }

@@ -2,6 +2,7 @@
 //!
 //! - [`options`]: the runtime options file (TOML) and the runsc flags it turns into.
 //! - [`runsc`]: typed runsc operations, argv built in one place, capability detection.
+//! - [`snapshot`]: the snapshot manifest (hashing, verification) and the isolation rule.
 //! - [`state`]: the process lifecycle state machine.
 //! - [`bundle`]: what the shim persists in the bundle so a later `delete` can clean up.
 //! - [`stats`]: runsc's statistics output.
@@ -17,6 +18,7 @@ pub mod ids;
 pub mod netns;
 pub mod options;
 pub mod runsc;
+pub mod snapshot;
 pub mod state;
 pub mod stats;
 

@@ -3,7 +3,10 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::{Arc, Condvar, Mutex},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Condvar, Mutex,
+    },
     time::{Duration, SystemTime},
 };
 
@@ -112,16 +115,26 @@ impl ContainerState {
 
 pub struct Container {
     pub id: String,
+    /// The pod sandbox this container belongs to (its own id when alone).
+    pub sandbox_id: String,
     pub bundle: PathBuf,
     pub runsc: Runsc,
     /// What this container's runsc binary can do.
     pub features: Features,
     pub rootfs_mounted: bool,
     pub netns: Option<PathBuf>,
+    /// A verified checkpoint to restore at Start instead of starting afresh.
+    pub restore_from: Option<PathBuf>,
+    /// Whether the running sandbox came from a checkpoint (runsc treats those differently).
+    pub restored: AtomicBool,
     pub state: Mutex<ContainerState>,
 }
 
 impl Container {
+    pub fn was_restored(&self) -> bool {
+        self.restored.load(Ordering::Relaxed)
+    }
+
     pub fn exec_spec_path(&self, exec_id: &str) -> PathBuf {
         self.bundle.join(format!("exec-{exec_id}.json"))
     }

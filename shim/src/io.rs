@@ -75,22 +75,36 @@ fn absolute(path: &str) -> io::Result<PathBuf> {
     Ok(p)
 }
 
+/// A process's opened stdout and stderr.
+#[derive(Default)]
+struct Outputs {
+    stdout: Option<File>,
+    stderr: Option<File>,
+    /// A read end of each output fifo, held while the process lives: as with the runc shim,
+    /// a client that goes away (`ctr run -d`) leaves output to fill the fifo rather than
+    /// fail with EPIPE, which would kill the sandbox's own runsc (a Go program) by SIGPIPE.
+    fifo_readers: Vec<File>,
+}
+
 /// Opens a process's stdout and stderr: fifos or files each, or both on one logging binary.
-fn open_outputs(paths: &StdioPaths, ctx: &LogContext) -> io::Result<(Option<File>, Option<File>)> {
+fn open_outputs(paths: &StdioPaths, ctx: &LogContext) -> io::Result<Outputs> {
+    let mut out = Outputs::default();
     match parse_target(&paths.stdout)? {
         Target::Binary(spec) => {
-            let (out, err) = logger::start(&spec, ctx)?;
-            Ok((Some(out), Some(err)))
+            let (stdout, stderr) = logger::start(&spec, ctx)?;
+            out.stdout = Some(stdout);
+            out.stderr = Some(stderr);
         }
-        stdout => Ok((
-            open_output(&stdout)?,
-            open_output(&parse_target(&paths.stderr)?)?,
-        )),
+        stdout => {
+            out.stdout = open_output(&stdout, &mut out.fifo_readers)?;
+            out.stderr = open_output(&parse_target(&paths.stderr)?, &mut out.fifo_readers)?;
+        }
     }
+    Ok(out)
 }
 
 /// Opens an output stream for writing without blocking on containerd's reader.
-fn open_output(target: &Target) -> io::Result<Option<File>> {
+fn open_output(target: &Target, fifo_readers: &mut Vec<File>) -> io::Result<Option<File>> {
     match target {
         Target::None => Ok(None),
         Target::Binary(spec) => Err(io::Error::new(
@@ -112,13 +126,13 @@ fn open_output(target: &Target) -> io::Result<Option<File>> {
                 .map(Some)
         }
         Target::Fifo(path) => {
-            // Holding a read end for the moment of the open keeps O_WRONLY from blocking.
-            let _hold = OpenOptions::new()
+            // A read end first, so that opening the write end never blocks.
+            let reader = OpenOptions::new()
                 .read(true)
-                .write(true)
                 .custom_flags(libc::O_NONBLOCK)
                 .open(path)?;
             let writer = OpenOptions::new().write(true).open(path)?;
+            fifo_readers.push(reader);
             Ok(Some(writer))
         }
     }
@@ -216,6 +230,8 @@ fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
 pub struct ProcessIo {
     stdin: Option<StdinSink>,
     console: Option<File>,
+    /// See [`Outputs::fifo_readers`]: only held, never read.
+    _fifo_readers: Vec<File>,
 }
 
 impl ProcessIo {
@@ -238,8 +254,15 @@ impl ProcessIo {
 /// Opens stdio for a process without a terminal. Output files go straight to runsc; stdin
 /// goes through a pipe fed by the shim, so that its end is under the shim's control.
 pub fn open_plain(paths: &StdioPaths, ctx: &LogContext) -> io::Result<(ProcessStdio, ProcessIo)> {
-    let (stdout, stderr) = open_outputs(paths, ctx)?;
-    let mut pio = ProcessIo::default();
+    let Outputs {
+        stdout,
+        stderr,
+        fifo_readers,
+    } = open_outputs(paths, ctx)?;
+    let mut pio = ProcessIo {
+        _fifo_readers: fifo_readers,
+        ..ProcessIo::default()
+    };
     let stdin = if paths.stdin.is_empty() {
         None
     } else {
@@ -274,7 +297,7 @@ pub fn attach_console(paths: &StdioPaths, master: File, ctx: &LogContext) -> io:
         stderr: String::new(),
         ..paths.clone()
     };
-    if let (Some(mut out), _) = open_outputs(&stdout_only, ctx)? {
+    if let Some(mut out) = open_outputs(&stdout_only, ctx)?.stdout {
         let mut from_master = master.try_clone()?;
         // Ends with EIO once every slave end is closed; dropping `out` then gives containerd EOF.
         std::thread::Builder::new()
@@ -354,6 +377,67 @@ impl ConsoleSocket {
             "console socket message carried no file descriptor",
         ))
     }
+}
+
+/// Stdio for a sandbox restored in place of the one `previous` served (a checkpoint that
+/// leaves the source running on a runsc that cannot resume in place): outputs are opened
+/// again, and containerd's stdin, still read by the copier `previous` started, now feeds the
+/// new process. A stdin already closed stays closed.
+pub fn reopen_plain(
+    paths: &StdioPaths,
+    ctx: &LogContext,
+    previous: &ProcessIo,
+) -> io::Result<(ProcessStdio, ProcessIo)> {
+    let Outputs {
+        stdout,
+        stderr,
+        fifo_readers,
+    } = open_outputs(paths, ctx)?;
+    let mut pio = ProcessIo {
+        _fifo_readers: fifo_readers,
+        ..ProcessIo::default()
+    };
+    let stdin = match &previous.stdin {
+        Some(sink) if sink.lock().unwrap().is_some() => {
+            let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+            *sink.lock().unwrap() = Some(File::from(write));
+            pio.stdin = Some(sink.clone());
+            Some(File::from(read))
+        }
+        _ => None,
+    };
+    Ok((
+        ProcessStdio {
+            stdin,
+            stdout,
+            stderr,
+            terminal: false,
+        },
+        pio,
+    ))
+}
+
+/// Like [`reopen_plain`] for a process with a terminal: the new pty master takes over.
+pub fn reattach_console(
+    paths: &StdioPaths,
+    master: File,
+    ctx: &LogContext,
+    previous: &ProcessIo,
+) -> io::Result<ProcessIo> {
+    let without_stdin = StdioPaths {
+        stdin: String::new(),
+        ..paths.clone()
+    };
+    let mut pio = attach_console(&without_stdin, master, ctx)?;
+    if let (Some(sink), Some(console)) = (&previous.stdin, &pio.console) {
+        let mut inner = sink.lock().unwrap();
+        if inner.is_some() {
+            *inner = Some(console.try_clone()?);
+            drop(inner);
+            pio.stdin = Some(sink.clone());
+        }
+    }
+    Ok(pio)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 mod container;
 mod errors;
 mod events;
+mod images;
 mod info;
 mod io;
 mod logger;
@@ -12,6 +13,7 @@ mod oom;
 mod reaper;
 mod runtime_options;
 mod service;
+mod snapshot;
 mod task;
 
 fn main() {

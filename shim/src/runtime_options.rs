@@ -6,13 +6,76 @@
 use chalk_runtime::options::RuntimeOptions;
 use containerd_shim::protos::{
     protobuf::{self, rt::WireType, well_known_types::any::Any, CodedInputStream, Message},
-    shim::oci::Options as RuncOptions,
+    shim::oci::{CheckpointOptions, Options as RuncOptions},
 };
 
 use crate::errors::{Result, ShimError};
 
 const CRI_OPTIONS: &str = "runtimeoptions.v1.Options";
 const RUNC_OPTIONS: &str = "containerd.runc.v1.Options";
+const CHECKPOINT_OPTIONS: &str = "containerd.runc.v1.CheckpointOptions";
+
+/// What a Checkpoint request asks for, once checked against what gVisor can do.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CheckpointRequest {
+    /// Stop the sandbox after the checkpoint (suspend).
+    pub exit: bool,
+    /// Where to write, instead of the directory containerd gives.
+    pub image_path: Option<std::path::PathBuf>,
+}
+
+/// Decodes containerd's checkpoint options (`containerd.runc.v1.CheckpointOptions`, the only
+/// type containerd 2.x sends). CRIU-specific requests that gVisor cannot honour are refused by
+/// name; `terminal` and `file_locks` need nothing (gVisor saves ptys and locks with the rest
+/// of the sandbox) and `work_path` is ignored, as runsc ignores it.
+pub fn checkpoint_options(any: Option<&Any>) -> Result<CheckpointRequest> {
+    let Some(any) = any.filter(|a| !a.type_url.is_empty() || !a.value.is_empty()) else {
+        return Ok(CheckpointRequest::default());
+    };
+    if type_name(&any.type_url) != CHECKPOINT_OPTIONS {
+        return Err(ShimError::InvalidArgument(format!(
+            "checkpoint options of type {:?}: io.containerd.chalk.v1 takes {CHECKPOINT_OPTIONS}",
+            any.type_url
+        )));
+    }
+    let o = CheckpointOptions::parse_from_bytes(&any.value).map_err(|e| {
+        ShimError::InvalidArgument(format!("cannot decode {CHECKPOINT_OPTIONS}: {e}"))
+    })?;
+    let mut refused = Vec::new();
+    if o.open_tcp {
+        refused.push("open_tcp (host TCP connections are outside the sandbox)".to_string());
+    }
+    if o.external_unix_sockets {
+        refused.push("external_unix_sockets (host sockets are outside the sandbox)".to_string());
+    }
+    if !o.empty_namespaces.is_empty() {
+        refused.push(format!("empty_namespaces {:?}", o.empty_namespaces));
+    }
+    if !o.cgroups_mode.is_empty() {
+        refused.push(format!(
+            "cgroups_mode {:?} (gVisor keeps its own cgroups)",
+            o.cgroups_mode
+        ));
+    }
+    if !refused.is_empty() {
+        return Err(ShimError::InvalidArgument(format!(
+            "checkpoint options gVisor cannot honour: {}",
+            refused.join(", ")
+        )));
+    }
+    let image_path = (!o.image_path.is_empty()).then(|| std::path::PathBuf::from(&o.image_path));
+    if let Some(p) = &image_path {
+        if !p.is_absolute() {
+            return Err(ShimError::InvalidArgument(format!(
+                "checkpoint image_path {p:?} is not absolute"
+            )));
+        }
+    }
+    Ok(CheckpointRequest {
+        exit: o.exit,
+        image_path,
+    })
+}
 
 /// The fields of CRI's `runtimeoptions.v1.Options` (decoded by hand: no crate ships it).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -211,6 +274,49 @@ mod tests {
             assert_eq!(start_options(&stdin), Some(opts.clone()));
         }
         assert_eq!(start_options(b""), None);
+    }
+
+    #[test]
+    fn checkpoint_options_are_honoured_or_refused_by_name() {
+        let encode = |o: CheckpointOptions| any(CHECKPOINT_OPTIONS, o.write_to_bytes().unwrap());
+        assert_eq!(
+            checkpoint_options(None).unwrap(),
+            CheckpointRequest::default()
+        );
+        let mut o = CheckpointOptions::new();
+        o.exit = true;
+        o.image_path = "/var/lib/snap".into();
+        o.terminal = true;
+        o.file_locks = true;
+        o.work_path = "/tmp/work".into();
+        let got = checkpoint_options(Some(&encode(o))).unwrap();
+        assert!(got.exit);
+        assert_eq!(
+            got.image_path.as_deref(),
+            Some(std::path::Path::new("/var/lib/snap"))
+        );
+
+        let mut o = CheckpointOptions::new();
+        o.open_tcp = true;
+        o.cgroups_mode = "soft".into();
+        let err = checkpoint_options(Some(&encode(o)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("open_tcp") && err.contains("cgroups_mode"),
+            "{err}"
+        );
+
+        let mut o = CheckpointOptions::new();
+        o.image_path = "relative/dir".into();
+        assert!(checkpoint_options(Some(&encode(o))).is_err());
+        let err = checkpoint_options(Some(&any("containerd.runc.v1.Options", vec![])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("takes containerd.runc.v1.CheckpointOptions"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
 
 pub struct Service {
     namespace: String,
+    /// containerd's gRPC address (`-address`).
+    address: String,
     id: String,
     bundle: String,
     exit: Arc<ExitSignal>,
@@ -60,6 +62,7 @@ impl Shim for Service {
     fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
         Service {
             namespace: args.namespace.clone(),
+            address: args.address.clone(),
             id: args.id.clone(),
             bundle: args.bundle.clone(),
             exit: Arc::new(ExitSignal::default()),
@@ -123,7 +126,7 @@ impl Shim for Service {
     fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
         reaper::start();
         let events = EventSender::spawn(publisher, self.namespace.clone());
-        TaskService::new(&self.namespace, events, self.exit.clone())
+        TaskService::new(&self.namespace, &self.address, events, self.exit.clone())
     }
 }
 

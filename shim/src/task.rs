@@ -5,7 +5,7 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, LazyLock, Mutex},
+    sync::{atomic::Ordering, Arc, LazyLock, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -52,6 +52,26 @@ use crate::{
     runtime_options,
 };
 
+/// How a sandbox comes to be.
+pub(crate) enum Launch<'a> {
+    Create,
+    /// From the checkpoint in `image`; `previous` is the IO of the sandbox it replaces, when it
+    /// replaces one under the same id.
+    Restore {
+        image: &'a Path,
+        previous: Option<&'a io::ProcessIo>,
+    },
+}
+
+impl Launch<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Launch::Create => "create",
+            Launch::Restore { .. } => "restore",
+        }
+    }
+}
+
 /// How long runsc may take to start an exec'd process or hand over a terminal.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -65,6 +85,8 @@ pub struct TaskService {
 
 struct Inner {
     namespace: String,
+    /// containerd's gRPC address, for asking which image a container runs.
+    containerd_address: String,
     containers: Mutex<HashMap<String, Arc<Container>>>,
     events: EventSender,
     exit: Arc<ExitSignal>,
@@ -96,10 +118,16 @@ fn read_pid(path: &Path) -> Option<i32> {
 }
 
 impl TaskService {
-    pub fn new(namespace: &str, events: EventSender, exit: Arc<ExitSignal>) -> Self {
+    pub fn new(
+        namespace: &str,
+        containerd_address: &str,
+        events: EventSender,
+        exit: Arc<ExitSignal>,
+    ) -> Self {
         TaskService {
             inner: Arc::new(Inner {
                 namespace: namespace.to_string(),
+                containerd_address: containerd_address.to_string(),
                 containers: Mutex::new(HashMap::new()),
                 events,
                 exit,
@@ -107,7 +135,15 @@ impl TaskService {
         }
     }
 
-    fn container(&self, id: &str) -> Result<Arc<Container>> {
+    pub(crate) fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    pub(crate) fn containerd_address(&self) -> &str {
+        &self.inner.containerd_address
+    }
+
+    pub(crate) fn container(&self, id: &str) -> Result<Arc<Container>> {
         self.inner
             .containers
             .lock()
@@ -124,7 +160,7 @@ impl TaskService {
         }
     }
 
-    fn events(&self) -> &EventSender {
+    pub(crate) fn events(&self) -> &EventSender {
         &self.inner.events
     }
 
@@ -178,11 +214,6 @@ impl TaskService {
                 req.id
             )));
         }
-        if !req.checkpoint.is_empty() {
-            return Err(ShimError::Unimplemented(
-                "restoring from a checkpoint is not supported by this release of io.containerd.chalk.v1".into(),
-            ));
-        }
         let opts = runtime_options::resolve(req.options.as_ref())?;
         // The options may raise the shim's log level; containerd's -debug is never lowered.
         if let Some(level) = opts.log_level.as_deref().and_then(|l| l.parse().ok()) {
@@ -212,7 +243,15 @@ impl TaskService {
                 req.id
             )));
         }
-        let (runsc, features) = self.runsc_for(&opts, &bundle, &req.id)?;
+        let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id)?;
+        // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
+        // unless the options choose an overlay themselves.
+        let user_overlay = ["overlay", "overlay2"]
+            .iter()
+            .any(|k| opts.runsc_config.contains_key(*k));
+        if let (false, Some(flag)) = (user_overlay, features.memory_overlay_flag()) {
+            runsc.add_flag(flag);
+        }
         log::info!(
             "container {}: runsc {} ({}); resource updates via {}",
             req.id,
@@ -229,6 +268,14 @@ impl TaskService {
         let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
         let netns = netns::needs_private_netns(&spec, network)
             .then(|| netns::netns_path(&opts.root, &self.inner.namespace, &req.id));
+        let adapted = adapted_spec(&spec, netns.as_deref(), req.terminal);
+        // A restore is verified before anything is made for it.
+        let restore_from = match req.checkpoint.as_str() {
+            "" => None,
+            dir => {
+                Some(self.verify_restore(&req.id, Path::new(dir), &runsc, &features, &adapted)?)
+            }
+        };
         // Written before anything is made, so `shim delete` can undo any of it after a crash.
         let record = Record {
             binary: runsc.binary().to_path_buf(),
@@ -244,7 +291,7 @@ impl TaskService {
                 return Err(e);
             }
         }
-        if let Err(e) = adapt_spec(&bundle, &spec, netns.as_deref(), req.terminal) {
+        if let Err(e) = write_spec(&bundle, &spec, &adapted) {
             cleanup_bundle(&bundle, false, netns.as_deref());
             return Err(e);
         }
@@ -268,19 +315,35 @@ impl TaskService {
         };
         let container = Container {
             id: req.id.clone(),
+            sandbox_id: crate::service::grouping(&bundle, &req.id),
             bundle: bundle.clone(),
             runsc,
             features,
             rootfs_mounted,
             netns,
+            restore_from,
+            restored: Default::default(),
             state: Mutex::new(ContainerState {
                 init: Process::new("", stdio.clone()),
                 execs: HashMap::new(),
             }),
         };
         let started_at = Instant::now();
-        let pid = match self.create_sandbox(&container, &stdio) {
-            Ok(pid) => pid,
+        let launched = match &container.restore_from {
+            // A restore runs at Start, as with runc: nothing runs until then.
+            Some(_) => Ok(None),
+            None => self
+                .launch_sandbox(&container, &stdio, Launch::Create)
+                .map(Some),
+        };
+        let pid = match launched {
+            Ok(Some((pid, pio))) => {
+                let mut st = container.state.lock().unwrap();
+                st.init.pid = pid as u32;
+                st.init.io = pio;
+                pid
+            }
+            Ok(None) => 0,
             Err(e) => {
                 // Leave nothing behind: no sandbox, no mount, no record.
                 let _ = container.runsc.delete(&container.id, true);
@@ -307,7 +370,9 @@ impl TaskService {
         ev.pid = pid as u32;
         self.events().send(topics::TASK_CREATE_EVENT_TOPIC, ev);
         // After TaskCreate: a sandbox that already died must not report its exit first.
-        self.watch_init(&container, pid, started_at);
+        if pid > 0 {
+            self.watch_init(&container, pid, started_at);
+        }
         Ok(pid as u32)
     }
 
@@ -318,30 +383,54 @@ impl TaskService {
         })
     }
 
-    /// `runsc create` with the init process's stdio; returns the sandbox pid.
-    fn create_sandbox(&self, c: &Container, stdio: &StdioPaths) -> Result<i32> {
+    /// Makes the sandbox of `c` with its init's stdio, by `runsc create` or by restoring a
+    /// checkpoint; returns the sandbox pid and the IO the shim holds for it. Takes no lock.
+    pub(crate) fn launch_sandbox(
+        &self,
+        c: &Container,
+        stdio: &StdioPaths,
+        how: Launch,
+    ) -> Result<(i32, io::ProcessIo)> {
         let pid_file = c.init_pid_path();
-        let (runsc_stdio, console) = if stdio.terminal {
+        let _ = std::fs::remove_file(&pid_file);
+        let ctx = self.log_context(&c.id);
+        let open_err =
+            |e: std::io::Error| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id));
+        let (runsc_stdio, console, mut pio) = if stdio.terminal {
+            let socket =
+                ConsoleSocket::new().map_err(|e| ShimError::internal("console socket", e))?;
             (
                 ProcessStdio::default(),
-                Some(ConsoleSocket::new().map_err(|e| ShimError::internal("console socket", e))?),
+                Some(socket),
+                io::ProcessIo::default(),
             )
         } else {
-            let (s, pio) = io::open_plain(stdio, &self.log_context(&c.id))
-                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
-            c.state.lock().unwrap().init.io = pio;
-            (s, None)
+            let (s, pio) = match &how {
+                Launch::Restore {
+                    previous: Some(previous),
+                    ..
+                } => io::reopen_plain(stdio, &ctx, previous),
+                _ => io::open_plain(stdio, &ctx),
+            }
+            .map_err(open_err)?;
+            (s, None, pio)
         };
-        c.runsc.create(
-            &c.id,
-            &c.bundle,
-            &pid_file,
-            runsc_stdio,
-            console.as_ref().map(|s| s.path()),
-        )?;
+        let socket_path = console.as_ref().map(|s| s.path());
+        match &how {
+            Launch::Create => {
+                c.runsc
+                    .create(&c.id, &c.bundle, &pid_file, runsc_stdio, socket_path)?
+            }
+            Launch::Restore { image, .. } => {
+                c.runsc
+                    .restore(&c.id, &c.bundle, image, &pid_file, runsc_stdio, socket_path)?;
+                c.restored.store(true, Ordering::Relaxed);
+            }
+        }
         let pid = read_pid(&pid_file).ok_or_else(|| {
             ShimError::Internal(format!(
-                "runsc create {} wrote no pid to {}",
+                "runsc {} {} wrote no pid to {}",
+                how.name(),
                 c.id,
                 pid_file.display()
             ))
@@ -354,22 +443,26 @@ impl TaskService {
             {
                 let _ = io::set_size(&master, w, h);
             }
-            let pio = io::attach_console(stdio, master, &self.log_context(&c.id))
-                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
-            c.state.lock().unwrap().init.io = pio;
+            pio = match &how {
+                Launch::Restore {
+                    previous: Some(previous),
+                    ..
+                } => io::reattach_console(stdio, master, &ctx, previous),
+                _ => io::attach_console(stdio, master, &ctx),
+            }
+            .map_err(open_err)?;
         }
-        c.state.lock().unwrap().init.pid = pid as u32;
-        Ok(pid)
+        Ok((pid, pio))
     }
 
     /// The sandbox process is the shim's (adopted) child: its exit status is the init's.
-    fn watch_init(&self, c: &Arc<Container>, pid: i32, not_before: Instant) {
+    pub(crate) fn watch_init(&self, c: &Arc<Container>, pid: i32, not_before: Instant) {
         let exits = reaper::watch(pid, not_before);
         let this = self.clone();
         let id = c.id.clone();
         std::thread::spawn(move || {
             if let Ok(status) = exits.recv() {
-                this.process_exited(&id, "", status);
+                this.sandbox_exited(&id, pid as u32, status);
             }
         });
         let events = self.events().clone();
@@ -384,7 +477,20 @@ impl TaskService {
         }
     }
 
-    fn process_exited(&self, id: &str, exec_id: &str, status: i32) {
+    /// A sandbox process ended: the init's exit, unless a restore already replaced that
+    /// sandbox (a checkpoint that leaves the source running on an older runsc).
+    fn sandbox_exited(&self, id: &str, pid: u32, status: i32) {
+        if let Ok(c) = self.container(id) {
+            let current = c.state.lock().unwrap().init.pid;
+            if current != pid {
+                log::info!("container {id}: replaced sandbox {pid} exited with {status}");
+                return;
+            }
+        }
+        self.process_exited(id, "", status);
+    }
+
+    pub(crate) fn process_exited(&self, id: &str, exec_id: &str, status: i32) {
         let Ok(c) = self.container(id) else { return };
         let mut st = c.state.lock().unwrap();
         let Some(p) = st.process_mut(exec_id) else {
@@ -421,7 +527,22 @@ impl TaskService {
         // The lock is held across runsc start so an exit cannot be reported before TaskStart.
         let mut st = c.state.lock().unwrap();
         let next = state::transition(id, st.init.status, Transition::Start)?;
-        if let Err(e) = c.runsc.start(id) {
+        if let Some(image) = &c.restore_from {
+            let started_at = Instant::now();
+            let (pid, pio) = self.launch_sandbox(
+                &c,
+                &st.init.stdio.clone(),
+                Launch::Restore {
+                    image,
+                    previous: None,
+                },
+            )?;
+            st.init.pid = pid as u32;
+            st.init.io = pio;
+            st.init.status = next;
+            self.watch_init(&c, pid, started_at);
+            log::info!("container {id}: restored from {}", image.display());
+        } else if let Err(e) = c.runsc.start(id) {
             // A sandbox whose start failed can never run: end it, so the task reads stopped
             // (as with runc) and its exit is reported, instead of lingering as created.
             let _ = nix::sys::signal::kill(
@@ -629,6 +750,11 @@ impl TaskService {
         };
         match status {
             Status::Stopped => return Err(finished()),
+            Status::Created if req.exec_id.is_empty() && pid == 0 => {
+                // A restore that has not started: there is no sandbox to signal yet.
+                self.process_exited(&req.id, "", 128 + req.signal as i32);
+                return Ok(());
+            }
             Status::Created if req.exec_id.is_empty() => {
                 // Not started yet: runsc cannot signal it, but the sandbox process is ours.
                 let sig = nix::sys::signal::Signal::try_from(req.signal as i32).map_err(|e| {
@@ -646,7 +772,12 @@ impl TaskService {
             _ => {}
         }
         let target = (!req.exec_id.is_empty()).then_some(pid as i32);
-        match c.runsc.kill(&req.id, req.signal, req.all, target) {
+        let mut killed = c.runsc.kill(&req.id, req.signal, req.all, target);
+        if killed.is_ok() && req.all && req.exec_id.is_empty() && c.was_restored() {
+            // runsc 2022's `kill --all` misses the init of a restored sandbox.
+            killed = c.runsc.kill(&req.id, req.signal, false, None);
+        }
+        match killed {
             Ok(()) => Ok(()),
             Err(e) => {
                 // It may have exited while we were signalling it, its exit not yet handled.
@@ -736,7 +867,15 @@ impl TaskService {
             state::check_deletable(id, st.init.status)?;
             (st.init.pid, st.init.exit.clone())
         };
-        c.runsc.delete(id, true)?;
+        if pid > 0 {
+            c.runsc.delete(id, true)?;
+        } else {
+            // A restore that never started has no sandbox and no exit to wait for.
+            cell.set(ExitInfo {
+                status: 137,
+                at: SystemTime::now(),
+            });
+        }
         // A stopped init has its exit already. A created one was just killed by the forced
         // delete: report that exit as reaped, and SIGKILL's status only if it never arrives.
         let exit = cell
@@ -940,24 +1079,28 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .map_err(|e| ShimError::internal(format!("write {}", path.display()), e))
 }
 
-/// Rewrites the bundle's spec where gVisor needs it: the network namespace the shim made, and
-/// the process adapted as [`adapt_process`] says.
-fn adapt_spec(
-    bundle: &Path,
+/// The spec as runsc gets it: pointed at the network namespace the shim made, and the
+/// process adapted as [`adapt_process`] says.
+fn adapted_spec(
     spec: &serde_json::Value,
     netns: Option<&Path>,
     terminal: bool,
-) -> Result<()> {
+) -> serde_json::Value {
     let mut adapted = spec.clone();
     if let Some(path) = netns {
         netns::set_netns_path(&mut adapted, path);
     }
     adapt_process(&mut adapted["process"], terminal);
-    if &adapted == spec {
+    adapted
+}
+
+/// Writes `adapted` over the bundle's config.json when it differs from `spec`.
+fn write_spec(bundle: &Path, spec: &serde_json::Value, adapted: &serde_json::Value) -> Result<()> {
+    if adapted == spec {
         return Ok(());
     }
     let config = bundle.join("config.json");
-    let bytes = serde_json::to_vec(&adapted).map_err(|e| ShimError::internal("encode spec", e))?;
+    let bytes = serde_json::to_vec(adapted).map_err(|e| ShimError::internal("encode spec", e))?;
     std::fs::write(&config, bytes)
         .map_err(|e| ShimError::internal(format!("write {}", config.display()), e))
 }
@@ -1137,10 +1280,7 @@ impl Task for TaskService {
         _: &TtrpcContext,
         req: containerd_shim::api::CheckpointTaskRequest,
     ) -> ttrpc::Result<Empty> {
-        rpc(Err(ShimError::Unimplemented(format!(
-            "checkpoint of {}: not supported by this release of io.containerd.chalk.v1",
-            req.id
-        ))))
+        rpc(self.checkpoint(&req).map(|_| Empty::new()))
     }
 }
 
@@ -1166,9 +1306,9 @@ mod tests {
     fn adapted_spec_is_written_only_when_it_changes() {
         let dir = tempfile::tempdir().unwrap();
         let spec = json!({"process": {"args": ["sh"], "user": {"uid": 0}}});
-        adapt_spec(dir.path(), &spec, None, false).unwrap();
+        write_spec(dir.path(), &spec, &adapted_spec(&spec, None, false)).unwrap();
         assert!(!dir.path().join("config.json").exists());
-        adapt_spec(dir.path(), &spec, None, true).unwrap();
+        write_spec(dir.path(), &spec, &adapted_spec(&spec, None, true)).unwrap();
         let written = read_spec(dir.path()).unwrap();
         assert_eq!(written["process"]["terminal"], json!(true));
     }

@@ -63,6 +63,20 @@ pub enum Op<'a> {
         id: &'a str,
         resources: &'a Path,
     },
+    /// Writes the sandbox's state into `image_path` (a fresh directory).
+    Checkpoint {
+        id: &'a str,
+        image_path: &'a Path,
+        leave_running: bool,
+    },
+    /// Creates sandbox `id` from a checkpoint, detached, like Create but already running.
+    Restore {
+        id: &'a str,
+        bundle: &'a Path,
+        image_path: &'a Path,
+        pid_file: &'a Path,
+        console_socket: Option<&'a Path>,
+    },
 }
 
 impl Op<'_> {
@@ -80,6 +94,8 @@ impl Op<'_> {
             Op::Resume { .. } => "resume",
             Op::Stats { .. } => "events",
             Op::Update { .. } => "update",
+            Op::Checkpoint { .. } => "checkpoint",
+            Op::Restore { .. } => "restore",
         }
     }
 
@@ -95,7 +111,9 @@ impl Op<'_> {
             | Op::Pause { id }
             | Op::Resume { id }
             | Op::Stats { id }
-            | Op::Update { id, .. } => id,
+            | Op::Update { id, .. }
+            | Op::Checkpoint { id, .. }
+            | Op::Restore { id, .. } => id,
         }
     }
 }
@@ -152,6 +170,29 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
             a.extend(["--internal-pid-file".into(), internal_pid_file.into()]);
             console(&mut a, console_socket);
         }
+        Op::Checkpoint {
+            image_path,
+            leave_running,
+            ..
+        } => {
+            a.extend(["--image-path".into(), image_path.into()]);
+            if *leave_running {
+                a.push("--leave-running".into());
+            }
+        }
+        Op::Restore {
+            bundle,
+            image_path,
+            pid_file,
+            console_socket,
+            ..
+        } => {
+            a.extend(["--bundle".into(), bundle.into()]);
+            a.extend(["--image-path".into(), image_path.into()]);
+            a.extend(["--pid-file".into(), pid_file.into()]);
+            a.push("--detach".into());
+            console(&mut a, console_socket);
+        }
         Op::Ps { .. } => a.push("--format=json".into()),
         Op::Stats { .. } => a.push("--stats".into()),
         Op::Update { resources, .. } => a.extend(["--resources".into(), resources.into()]),
@@ -186,6 +227,39 @@ mod tests {
 
     const G: &str =
         "--root /run/chalk/default --log /b/log.json --log-format=json --platform=ptrace --network=none";
+
+    #[test]
+    fn checkpoint_and_restore() {
+        assert_eq!(
+            render(Op::Checkpoint {
+                id: "c1",
+                image_path: Path::new("/ck"),
+                leave_running: true
+            }),
+            format!("{G} checkpoint --image-path /ck --leave-running c1")
+        );
+        assert_eq!(
+            render(Op::Checkpoint {
+                id: "c1",
+                image_path: Path::new("/ck"),
+                leave_running: false
+            }),
+            format!("{G} checkpoint --image-path /ck c1")
+        );
+        assert_eq!(
+            render(Op::Restore {
+                id: "c2",
+                bundle: Path::new("/b"),
+                image_path: Path::new("/ck"),
+                pid_file: Path::new("/b/init.pid"),
+                console_socket: Some(Path::new("/s"))
+            }),
+            format!(
+                "{G} restore --bundle /b --image-path /ck --pid-file /b/init.pid --detach \
+                 --console-socket /s c2"
+            )
+        );
+    }
 
     #[test]
     fn create_with_and_without_console() {

@@ -19,6 +19,20 @@ pub struct Features {
     /// Subcommands, from `runsc help` (the 2022 build has no `update`).
     #[serde(default)]
     pub commands: BTreeSet<String>,
+    /// Flags of `runsc checkpoint`, from `runsc help checkpoint`.
+    #[serde(default)]
+    pub checkpoint_flags: BTreeSet<String>,
+}
+
+/// How a checkpoint leaves the source running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaveRunning {
+    /// `--leave-running` resumes the same sandbox (gVisor since 2024).
+    InPlace,
+    /// `--leave-running` would restore a new sandbox as the checkpoint's child (and panics on
+    /// a paused one, as in the 2022 build): the shim checkpoints, then restores the sandbox
+    /// under the same id itself.
+    RestoreAfter,
 }
 
 impl Features {
@@ -27,6 +41,7 @@ impl Features {
             version: parse_version(version_output),
             global_flags: parse_flag_names(flags_output),
             commands: BTreeSet::new(),
+            checkpoint_flags: BTreeSet::new(),
         }
     }
 
@@ -38,6 +53,37 @@ impl Features {
 
     pub fn has_command(&self, name: &str) -> bool {
         self.commands.contains(name)
+    }
+
+    /// Adds the flags listed by `runsc help checkpoint`.
+    pub fn with_checkpoint_help(mut self, output: &str) -> Self {
+        self.checkpoint_flags = parse_flag_names(output);
+        self
+    }
+
+    /// Which leave-running path this runsc needs. Both generations describe `--leave-running`
+    /// alike, so the answer comes from a checkpoint flag that only builds made after the
+    /// in-place resume have (`--save-restore-exec-argv`). A build between the two reads as
+    /// [`LeaveRunning::RestoreAfter`], which is slower but correct on every build.
+    pub fn leave_running(&self) -> LeaveRunning {
+        if self.checkpoint_flags.contains("save-restore-exec-argv") {
+            LeaveRunning::InPlace
+        } else {
+            LeaveRunning::RestoreAfter
+        }
+    }
+
+    /// The global flag that keeps root filesystem writes in sandbox memory, where a
+    /// checkpoint captures them: `--overlay2=root:memory` on current builds, `--overlay` on
+    /// the 2022 one. None when this runsc has neither.
+    pub fn memory_overlay_flag(&self) -> Option<&'static str> {
+        if self.global_flags.contains("overlay2") {
+            Some("--overlay2=root:memory")
+        } else if self.global_flags.contains("overlay") {
+            Some("--overlay")
+        } else {
+            None
+        }
     }
 
     /// Checks `--key=value` flags from the runtime options against what this runsc accepts.
@@ -94,7 +140,7 @@ impl FeatureCache {
         let m = std::fs::metadata(&path).ok()?;
         // The leading number is the cache format: bump it when Features gains a field.
         let print = format!(
-            "2:{}:{}:{}:{}:{}.{}",
+            "4:{}:{}:{}:{}:{}.{}",
             path.display(),
             m.dev(),
             m.ino(),
@@ -239,6 +285,22 @@ mod tests {
             Some(PathBuf::from("/x/runsc"))
         );
         assert!(resolve_binary(Path::new("no-such-binary-chalk")).is_none());
+    }
+
+    #[test]
+    fn leave_running_path_and_overlay_come_from_the_flags() {
+        let old = Features::from_outputs("runsc version 0.0~20221219.0", "  -overlay\n")
+            .with_checkpoint_help(
+                "checkpoint [flags] <container id>\n  -image-path string\n  -leave-running\n",
+            );
+        assert_eq!(old.leave_running(), LeaveRunning::RestoreAfter);
+        assert_eq!(old.memory_overlay_flag(), Some("--overlay"));
+        let new = Features::from_outputs("runsc version x", FLAGS).with_checkpoint_help(
+            "  -leave-running\n  -save-restore-exec-argv string\n  -compression value\n",
+        );
+        assert_eq!(new.leave_running(), LeaveRunning::InPlace);
+        assert_eq!(new.memory_overlay_flag(), Some("--overlay2=root:memory"));
+        assert_eq!(Features::default().memory_overlay_flag(), None);
     }
 
     #[test]

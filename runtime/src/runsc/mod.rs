@@ -19,7 +19,7 @@ use std::{
 };
 
 pub use args::{GlobalArgs, Op};
-pub use features::{FeatureCache, Features};
+pub use features::{FeatureCache, Features, LeaveRunning};
 pub use spawn::{Child, Spawner, StdSpawner};
 
 use crate::{stats::StatsEvent, Error, Result};
@@ -156,22 +156,56 @@ impl Runsc {
         &self.global
     }
 
+    /// Adds a global flag to every later command.
+    pub fn add_flag(&mut self, flag: &str) {
+        self.global.flags.push(flag.to_string());
+    }
+
+    /// The value of global flag `--name=value`, if set.
+    pub fn flag_value(&self, name: &str) -> Option<&str> {
+        self.global
+            .flags
+            .iter()
+            .filter_map(|f| {
+                f.trim_start_matches('-')
+                    .strip_prefix(name)?
+                    .strip_prefix('=')
+            })
+            .next_back()
+    }
+
     /// Reads what this runsc supports (version and global flags).
     pub fn features(&self) -> Result<Features> {
         let version = self.plain(&["--version"])?;
         let flags = self.plain(&["flags"])?;
         let help = self.plain(&["help"])?;
-        Ok(Features::from_outputs(&version, &flags).with_help(&help))
+        let checkpoint = self.plain(&["help", "checkpoint"]).unwrap_or_default();
+        Ok(Features::from_outputs(&version, &flags)
+            .with_help(&help)
+            .with_checkpoint_help(&checkpoint))
     }
 
-    /// Runs runsc with bare arguments (no root, no log) and returns its stdout.
+    /// Runs runsc with bare arguments (no root, no log) and returns what it printed, stdout
+    /// and stderr together: the 2022 build prints `runsc flags` on stderr.
     fn plain(&self, args: &[&str]) -> Result<String> {
+        let (read, write) = pipe().map_err(|e| Error::io("pipe for runsc output", e))?;
         let mut cmd = Command::new(&self.binary);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        let (status, out) = self.collect(&mut cmd)?;
+        cmd.args(args).stdin(Stdio::null());
+        let spawned = write
+            .try_clone()
+            .map_err(|e| Error::io("pipe for runsc output", e))
+            .and_then(|w| {
+                cmd.stdout(Stdio::from(w)).stderr(Stdio::from(write));
+                self.spawn(&mut cmd)
+            });
+        // The command holds copies of the write end: without them the read ends at runsc's exit.
+        drop(cmd);
+        let child = spawned?;
+        let mut out = Vec::new();
+        std::fs::File::from(read)
+            .read_to_end(&mut out)
+            .map_err(|e| Error::io("read runsc output", e))?;
+        let status = child.wait().map_err(|e| Error::io("wait for runsc", e))?;
         let out = String::from_utf8_lossy(&out).into_owned();
         if status != 0 {
             return Err(Error::RunscBroken {
@@ -269,6 +303,44 @@ impl Runsc {
             Op::Create {
                 id,
                 bundle,
+                pid_file,
+                console_socket,
+            },
+            Some(stdio),
+        )
+        .map(drop)
+    }
+
+    /// `runsc checkpoint` into `image_path`; with `leave_running` the sandbox goes on (see
+    /// [`Features::leave_running`] for which builds do that in place).
+    pub fn checkpoint(&self, id: &str, image_path: &Path, leave_running: bool) -> Result<()> {
+        self.run(
+            Op::Checkpoint {
+                id,
+                image_path,
+                leave_running,
+            },
+            None,
+        )
+        .map(drop)
+    }
+
+    /// `runsc restore --detach`: a running sandbox `id` from the checkpoint in `image_path`,
+    /// with `stdio` as its init's stdio, like [`Runsc::create`] followed by a start.
+    pub fn restore(
+        &self,
+        id: &str,
+        bundle: &Path,
+        image_path: &Path,
+        pid_file: &Path,
+        stdio: ProcessStdio,
+        console_socket: Option<&Path>,
+    ) -> Result<()> {
+        self.run(
+            Op::Restore {
+                id,
+                bundle,
+                image_path,
                 pid_file,
                 console_socket,
             },
@@ -397,6 +469,23 @@ fn parse_errors(text: &str) -> Option<String> {
         .last()
         .map(|l| l.msg.clone())
         .or_else(|| text.lines().last().map(str::to_string))
+}
+
+/// A close-on-exec pipe: (read end, write end).
+fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`, which we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,216 @@
+//! sha256 of snapshot files, streamed and spread over every core.
+//!
+//! A checkpoint is often one big memory file, so parallelism across files alone would leave
+//! a multi-GB snapshot bound by one core. Files larger than [`CHUNK_SIZE`] are therefore hashed
+//! as independent chunks, and their digest is the sha256 of the chunk digests in order (the
+//! manifest records both, see `MANIFEST.md`); smaller files have their plain sha256.
+
+use std::{
+    fs::File,
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex,
+    },
+};
+
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result};
+
+/// The unit of parallel hashing for big files.
+pub const CHUNK_SIZE: u64 = 64 << 20;
+const READ_BUF: usize = 1 << 20;
+
+/// The digest of one file as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileDigest {
+    pub size: u64,
+    /// Hex sha256: of the content, or of the chunk digests when `chunks` is not empty.
+    pub sha256: String,
+    /// Hex sha256 of each [`CHUNK_SIZE`] piece, for files larger than one chunk.
+    pub chunks: Vec<String>,
+}
+
+/// One unit of work: a byte range of one file.
+struct Job {
+    file: usize,
+    chunk: usize,
+    offset: u64,
+    len: u64,
+}
+
+/// Hashes `paths` with up to `threads` workers (0: one per core). Results are in input order.
+pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> {
+    let mut sizes = Vec::with_capacity(paths.len());
+    let mut jobs = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let size = std::fs::metadata(path)
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
+            .len();
+        sizes.push(size);
+        let chunks = size.div_ceil(CHUNK_SIZE).max(1);
+        for c in 0..chunks {
+            let offset = c * CHUNK_SIZE;
+            jobs.push(Job {
+                file: i,
+                chunk: c as usize,
+                offset,
+                len: (size - offset.min(size)).min(CHUNK_SIZE),
+            });
+        }
+    }
+    // Biggest first, so one large chunk does not start last and run alone.
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.len));
+    let chunk_digests: Vec<Mutex<Vec<Option<[u8; 32]>>>> = sizes
+        .iter()
+        .map(|s| Mutex::new(vec![None; s.div_ceil(CHUNK_SIZE).max(1) as usize]))
+        .collect();
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(jobs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let failure: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut buf = vec![0u8; READ_BUF];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    if failure.lock().unwrap().is_some() {
+                        break;
+                    }
+                    match hash_range(&paths[job.file], job.offset, job.len, &mut buf) {
+                        Ok(d) => chunk_digests[job.file].lock().unwrap()[job.chunk] = Some(d),
+                        Err(e) => {
+                            failure.lock().unwrap().get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap() {
+        return Err(e);
+    }
+    Ok(sizes
+        .into_iter()
+        .zip(chunk_digests)
+        .map(|(size, chunks)| {
+            let chunks: Vec<[u8; 32]> = chunks
+                .into_inner()
+                .unwrap()
+                .into_iter()
+                .map(|d| d.expect("every chunk hashed"))
+                .collect();
+            combine(size, &chunks)
+        })
+        .collect())
+}
+
+/// The file digest from its chunk digests: the plain sha256 for a one-chunk file.
+fn combine(size: u64, chunks: &[[u8; 32]]) -> FileDigest {
+    if size <= CHUNK_SIZE {
+        return FileDigest {
+            size,
+            sha256: hex(&chunks[0]),
+            chunks: Vec::new(),
+        };
+    }
+    let mut tree = Sha256::new();
+    for c in chunks {
+        tree.update(c);
+    }
+    FileDigest {
+        size,
+        sha256: hex(&tree.finalize().into()),
+        chunks: chunks.iter().map(hex).collect(),
+    }
+}
+
+fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<[u8; 32]> {
+    let file = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let mut hasher = Sha256::new();
+    let mut done = 0u64;
+    while done < len {
+        let want = (len - done).min(buf.len() as u64) as usize;
+        let n = file
+            .read_at(&mut buf[..want], offset + done)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        if n == 0 {
+            return Err(Error::io(
+                format!("read {}", path.display()),
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "file shrank while being hashed",
+                ),
+            ));
+        }
+        hasher.update(&buf[..n]);
+        done += n as u64;
+    }
+    Ok(hasher.finalize().into())
+}
+
+pub fn hex(bytes: &[u8; 32]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hex sha256 of a byte slice.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_files_have_their_plain_sha256() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        let empty = dir.path().join("empty");
+        std::fs::write(&a, b"hello\n").unwrap();
+        std::fs::write(&empty, b"").unwrap();
+        let got = hash_files(&[a, empty], 4).unwrap();
+        assert_eq!(
+            got[0].sha256,
+            "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+        );
+        assert_eq!(got[0].size, 6);
+        assert!(got[0].chunks.is_empty());
+        assert_eq!(
+            got[1].sha256,
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn big_files_are_chunked_and_the_result_does_not_depend_on_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        let f = File::create(&big).unwrap();
+        // Two full chunks and a tail; sparse, so the test stays cheap on disk.
+        f.set_len(2 * CHUNK_SIZE + 5).unwrap();
+        f.write_at(b"x", CHUNK_SIZE + 3).unwrap();
+        let one = hash_files(std::slice::from_ref(&big), 1).unwrap();
+        let many = hash_files(&[big], 8).unwrap();
+        assert_eq!(one, many);
+        assert_eq!(one[0].chunks.len(), 3);
+        assert_eq!(one[0].size, 2 * CHUNK_SIZE + 5);
+        let zero_chunk = hex(&Sha256::digest(vec![0u8; CHUNK_SIZE as usize]).into());
+        assert_eq!(one[0].chunks[0], zero_chunk);
+        assert_ne!(one[0].chunks[1], zero_chunk);
+    }
+
+    #[test]
+    fn missing_file_is_an_error_naming_it() {
+        let err = hash_files(&[PathBuf::from("/nonexistent/chalk")], 1).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/chalk"));
+    }
+}

@@ -1,0 +1,542 @@
+//! `chalk.manifest.json`: what a snapshot holds and what it needs to be restored, written last
+//! and atomically into the checkpoint directory, verified before any restore starts. The
+//! schema is documented in `runtime/MANIFEST.md`.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Component, Path, PathBuf},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::{hash, isolation::Isolation};
+use crate::{Error, Result};
+
+pub const FILE_NAME: &str = "chalk.manifest.json";
+/// The schema this build writes and the only one it restores.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// The source kept running.
+    Snapshot,
+    /// The source stopped after the checkpoint.
+    Suspend,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Source {
+    pub namespace: String,
+    pub container_id: String,
+    /// The pod sandbox the container belongs to (its own id when it is alone).
+    pub sandbox_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunscInfo {
+    /// `runsc --version`'s first line.
+    pub version: String,
+    pub platform: String,
+    pub network: String,
+    /// The root filesystem overlay flag in effect (what captures root filesystem writes).
+    pub overlay: Option<String>,
+    /// Every global flag the sandbox ran with.
+    pub flags: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub arch: String,
+    pub kernel: String,
+    pub cpu_vendor: String,
+    pub cpu_model: String,
+    pub hostname: String,
+}
+
+impl HostInfo {
+    pub fn current() -> Self {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        let cpuinfo = read("/proc/cpuinfo");
+        let field = |name: &str| {
+            cpuinfo
+                .lines()
+                .find(|l| l.split(':').next().map(str::trim) == Some(name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        HostInfo {
+            arch: std::env::consts::ARCH.to_string(),
+            kernel: read("/proc/sys/kernel/osrelease"),
+            cpu_vendor: field("vendor_id"),
+            cpu_model: field("model name"),
+            hostname: read("/proc/sys/kernel/hostname"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    pub name: String,
+    /// The digest the name pointed at when the snapshot was taken.
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpecInfo {
+    /// sha256 of the bundle's config.json as runsc ran it.
+    pub sha256: String,
+    /// `linux.resources` of the spec.
+    pub resources: serde_json::Value,
+    pub isolation: Isolation,
+}
+
+/// A mount whose content is not in the snapshot (bind mounts: volumes stay on the host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExcludedMount {
+    pub destination: String,
+    pub source: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Relative to the checkpoint directory.
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub kind: Kind,
+    /// RFC 3339, UTC.
+    pub created: String,
+    pub source: Source,
+    pub runsc: RunscInfo,
+    pub host: HostInfo,
+    pub image: Option<ImageRef>,
+    pub spec: SpecInfo,
+    pub excluded_mounts: Vec<ExcludedMount>,
+    pub files: Vec<FileEntry>,
+    /// Free-form facts from hooks (e.g. GPU state); not checked by restore.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+fn snapshot_error(dir: &Path, message: impl std::fmt::Display) -> Error {
+    Error::Snapshot {
+        dir: dir.to_path_buf(),
+        message: message.to_string(),
+    }
+}
+
+impl Manifest {
+    /// Hashes every file of `dir` into `self.files` and writes the manifest last, atomically
+    /// (a temporary file renamed into place), readable by root only.
+    pub fn seal(&mut self, dir: &Path, threads: usize) -> Result<()> {
+        let names = list_files(dir)?;
+        let paths: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
+        let digests = hash::hash_files(&paths, threads)?;
+        self.files = names
+            .into_iter()
+            .zip(digests)
+            .map(|(path, d)| FileEntry {
+                path,
+                size: d.size,
+                sha256: d.sha256,
+                chunks: d.chunks,
+            })
+            .collect();
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::parse("manifest", e))?;
+        let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, dir.join(FILE_NAME))
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(format!("write {}", dir.join(FILE_NAME).display()), e)
+        })
+    }
+
+    /// Reads the manifest of `dir`, refusing a missing one or an unknown schema.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join(FILE_NAME);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            snapshot_error(
+                dir,
+                format!(
+                    "no readable {FILE_NAME} ({e}): not a chalk snapshot, or an incomplete one"
+                ),
+            )
+        })?;
+        let raw: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| snapshot_error(dir, format!("{FILE_NAME} is not valid JSON: {e}")))?;
+        match raw["schema_version"].as_u64() {
+            Some(v) if v == SCHEMA_VERSION as u64 => {}
+            other => {
+                return Err(snapshot_error(
+                    dir,
+                    format!(
+                        "{FILE_NAME} has schema_version {other:?}; this build restores {SCHEMA_VERSION}"
+                    ),
+                ))
+            }
+        }
+        serde_json::from_value(raw)
+            .map_err(|e| snapshot_error(dir, format!("{FILE_NAME} does not fit schema 1: {e}")))
+    }
+
+    /// Checks that `dir` holds exactly the manifest's files, each of its size and sha256.
+    pub fn verify_files(&self, dir: &Path, threads: usize) -> Result<()> {
+        for f in &self.files {
+            if !is_plain_relative(&f.path) {
+                return Err(snapshot_error(
+                    dir,
+                    format!("manifest names file {:?} outside the snapshot", f.path),
+                ));
+            }
+        }
+        let present = list_files(dir)?;
+        let listed: Vec<&str> = self.files.iter().map(|f| f.path.as_str()).collect();
+        if let Some(extra) = present.iter().find(|p| !listed.contains(&p.as_str())) {
+            return Err(snapshot_error(
+                dir,
+                format!("file {extra:?} is not in the manifest"),
+            ));
+        }
+        for f in &self.files {
+            if !present.contains(&f.path) {
+                return Err(snapshot_error(
+                    dir,
+                    format!("file {:?} of the manifest is missing", f.path),
+                ));
+            }
+            let size = std::fs::metadata(dir.join(&f.path))
+                .map_err(|e| Error::io(format!("stat {}", dir.join(&f.path).display()), e))?
+                .len();
+            if size != f.size {
+                return Err(snapshot_error(
+                    dir,
+                    format!(
+                        "file {:?} has {size} bytes, the manifest says {}",
+                        f.path, f.size
+                    ),
+                ));
+            }
+        }
+        let paths: Vec<PathBuf> = self.files.iter().map(|f| dir.join(&f.path)).collect();
+        let digests = hash::hash_files(&paths, threads)?;
+        for (f, d) in self.files.iter().zip(digests) {
+            if d.sha256 != f.sha256 {
+                return Err(snapshot_error(
+                    dir,
+                    format!(
+                        "file {:?} has sha256 {}, the manifest says {}: the snapshot was changed or damaged",
+                        f.path, d.sha256, f.sha256
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that this host and runsc can restore the snapshot; names each difference.
+    pub fn check_runtime(&self, runsc_version: &str, platform: &str, arch: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut same = |field: &str, recorded: &str, here: &str| {
+            if recorded != here {
+                out.push(format!("{field}: snapshot {recorded:?}, here {here:?}"));
+            }
+        };
+        same("runsc version", &self.runsc.version, runsc_version);
+        same("runsc platform", &self.runsc.platform, platform);
+        same("arch", &self.host.arch, arch);
+        out
+    }
+
+    pub fn total_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// The regular files under `dir`, relative, sorted; the manifest and its temporary file are
+/// left out. Anything else (a symlink, a device) is refused: a snapshot holds plain files.
+pub fn list_files(dir: &Path) -> Result<Vec<String>> {
+    fn walk(root: &Path, rel: &Path, out: &mut Vec<String>) -> Result<()> {
+        let here = root.join(rel);
+        let entries = std::fs::read_dir(&here)
+            .map_err(|e| Error::io(format!("list {}", here.display()), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(format!("list {}", here.display()), e))?;
+            let rel = rel.join(entry.file_name());
+            let kind = entry
+                .file_type()
+                .map_err(|e| Error::io(format!("stat {}", root.join(&rel).display()), e))?;
+            let name = rel.to_string_lossy().into_owned();
+            if kind.is_dir() {
+                walk(root, &rel, out)?;
+            } else if kind.is_file() {
+                if name != FILE_NAME && name != format!(".{FILE_NAME}.tmp") {
+                    out.push(name);
+                }
+            } else {
+                return Err(snapshot_error(
+                    root,
+                    format!("{name:?} is not a regular file"),
+                ));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, Path::new(""), &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+/// Makes snapshot files readable by root only: 0600 files, 0700 directories.
+pub fn restrict_permissions(dir: &Path) -> Result<()> {
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(format!("chmod {}", p.display()), e))
+    };
+    set(dir, 0o700)?;
+    for name in list_files(dir)? {
+        let path = dir.join(&name);
+        set(&path, 0o600)?;
+        let mut parent = path.parent();
+        while let Some(p) = parent.filter(|p| *p != dir) {
+            set(p, 0o700)?;
+            parent = p.parent();
+        }
+    }
+    Ok(())
+}
+
+fn is_plain_relative(path: &str) -> bool {
+    !path.is_empty()
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Now as RFC 3339 in UTC, second precision.
+pub fn rfc3339_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(secs)
+}
+
+fn rfc3339(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn sample() -> Manifest {
+        Manifest {
+            schema_version: SCHEMA_VERSION,
+            kind: Kind::Snapshot,
+            created: rfc3339_now(),
+            source: Source {
+                namespace: "default".into(),
+                container_id: "c1".into(),
+                sandbox_id: "c1".into(),
+            },
+            runsc: RunscInfo {
+                version: "runsc version 0.0~20221219.0".into(),
+                platform: "ptrace".into(),
+                network: "none".into(),
+                overlay: Some("--overlay".into()),
+                flags: vec!["--platform=ptrace".into()],
+            },
+            host: HostInfo::current(),
+            image: Some(ImageRef {
+                name: "docker.io/library/busybox:latest".into(),
+                digest: "sha256:abc".into(),
+            }),
+            spec: SpecInfo {
+                sha256: "00".into(),
+                resources: serde_json::json!({}),
+                isolation: Isolation::default(),
+            },
+            excluded_mounts: vec![ExcludedMount {
+                destination: "/data".into(),
+                source: "/srv/data".into(),
+                kind: "bind".into(),
+            }],
+            files: Vec::new(),
+            extra: BTreeMap::new(),
+        }
+    }
+
+    fn snapshot_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("checkpoint.img"), b"memory").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/pages.img"), vec![7u8; 4096]).unwrap();
+        dir
+    }
+
+    #[test]
+    fn round_trip_and_verify() {
+        let dir = snapshot_dir();
+        let mut m = sample();
+        m.seal(dir.path(), 2).unwrap();
+        assert_eq!(m.files.len(), 2);
+        assert_eq!(m.files[0].path, "checkpoint.img");
+        assert_eq!(m.files[1].path, "sub/pages.img");
+        let loaded = Manifest::load(dir.path()).unwrap();
+        assert_eq!(loaded, m);
+        loaded.verify_files(dir.path(), 2).unwrap();
+        assert_eq!(loaded.total_size(), 6 + 4096);
+        let mode = std::fs::metadata(dir.path().join(FILE_NAME))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_flipped_byte_is_named_with_both_digests() {
+        let dir = snapshot_dir();
+        let mut m = sample();
+        m.seal(dir.path(), 1).unwrap();
+        std::fs::write(dir.path().join("checkpoint.img"), b"memorz").unwrap();
+        let err = Manifest::load(dir.path())
+            .unwrap()
+            .verify_files(dir.path(), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("checkpoint.img") && err.contains(&m.files[0].sha256),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_extra_and_resized_files_are_refused() {
+        let dir = snapshot_dir();
+        sample().seal(dir.path(), 1).unwrap();
+        std::fs::write(dir.path().join("intruder"), b"x").unwrap();
+        let m = Manifest::load(dir.path()).unwrap();
+        let err = m.verify_files(dir.path(), 1).unwrap_err().to_string();
+        assert!(err.contains("\"intruder\" is not in the manifest"), "{err}");
+        std::fs::remove_file(dir.path().join("intruder")).unwrap();
+        std::fs::write(dir.path().join("checkpoint.img"), b"more memory").unwrap();
+        let err = m.verify_files(dir.path(), 1).unwrap_err().to_string();
+        assert!(err.contains("11 bytes, the manifest says 6"), "{err}");
+        std::fs::remove_file(dir.path().join("checkpoint.img")).unwrap();
+        let err = m.verify_files(dir.path(), 1).unwrap_err().to_string();
+        assert!(
+            err.contains("\"checkpoint.img\" of the manifest is missing"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_manifest_and_unknown_schema_are_refused() {
+        let dir = snapshot_dir();
+        let err = Manifest::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not a chalk snapshot"), "{err}");
+        let mut m = sample();
+        m.seal(dir.path(), 1).unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut raw: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        raw["schema_version"] = 99.into();
+        std::fs::write(&path, raw.to_string()).unwrap();
+        let err = Manifest::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("schema_version Some(99)"), "{err}");
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(Manifest::load(dir.path()).is_err());
+    }
+
+    #[test]
+    fn paths_outside_the_snapshot_are_refused() {
+        let dir = snapshot_dir();
+        let mut m = sample();
+        m.seal(dir.path(), 1).unwrap();
+        m.files[0].path = "../etc/shadow".into();
+        let err = m.verify_files(dir.path(), 1).unwrap_err().to_string();
+        assert!(err.contains("outside the snapshot"), "{err}");
+    }
+
+    #[test]
+    fn symlinks_are_refused() {
+        let dir = snapshot_dir();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
+        assert!(sample().seal(dir.path(), 1).is_err());
+    }
+
+    #[test]
+    fn runtime_differences_are_named() {
+        let m = sample();
+        assert!(m
+            .check_runtime(
+                "runsc version 0.0~20221219.0",
+                "ptrace",
+                std::env::consts::ARCH
+            )
+            .is_empty());
+        let got = m.check_runtime("runsc version 2026", "systrap", "riscv64");
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[1].contains("\"ptrace\"") && got[1].contains("\"systrap\""));
+    }
+
+    #[test]
+    fn permissions_are_root_only() {
+        let dir = snapshot_dir();
+        restrict_permissions(dir.path()).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(dir.path()), 0o700);
+        assert_eq!(mode(&dir.path().join("sub")), 0o700);
+        assert_eq!(mode(&dir.path().join("sub/pages.img")), 0o600);
+    }
+
+    #[test]
+    fn dates_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_000_000), "2026-11-30T00:53:20Z");
+    }
+}

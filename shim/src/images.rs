@@ -1,0 +1,65 @@
+//! The image a container was made from, asked of containerd's API over the address the shim
+//! was started with. A snapshot records it (name and digest); a restore refuses an image
+//! whose name now points at another digest. Spec annotations cannot tell: `ctr` and the Go
+//! client put no image in the spec.
+
+use chalk_runtime::snapshot::manifest::ImageRef;
+use containerd_client::{
+    services::v1::{
+        containers_client::ContainersClient, images_client::ImagesClient, GetContainerRequest,
+        GetImageRequest,
+    },
+    tonic::Request,
+    with_namespace,
+};
+
+use crate::errors::{Result, ShimError};
+
+/// The image of container `id`, None when it was made without one (e.g. `ctr run --rootfs`).
+pub fn image_of(address: &str, namespace: &str, id: &str) -> Result<Option<ImageRef>> {
+    let socket = address.strip_prefix("unix://").unwrap_or(address);
+    if socket.is_empty() {
+        return Err(ShimError::FailedPrecondition(
+            "the shim was not given containerd's address: cannot look up the container's image"
+                .into(),
+        ));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ShimError::internal("start a runtime for containerd's API", e))?;
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        ShimError::Internal(format!("ask containerd ({socket}) for {what}: {e}"))
+    };
+    rt.block_on(async {
+        let channel = containerd_client::connect(socket)
+            .await
+            .map_err(|e| failed("a connection", &e))?;
+        let req = GetContainerRequest { id: id.to_string() };
+        let container = ContainersClient::new(channel.clone())
+            .get(with_namespace!(req, namespace))
+            .await
+            .map_err(|e| failed(&format!("container {id}"), &e.message()))?
+            .into_inner()
+            .container
+            .ok_or_else(|| failed(&format!("container {id}"), &"empty answer"))?;
+        if container.image.is_empty() {
+            return Ok(None);
+        }
+        let req = GetImageRequest {
+            name: container.image.clone(),
+        };
+        let image = ImagesClient::new(channel)
+            .get(with_namespace!(req, namespace))
+            .await
+            .map_err(|e| failed(&format!("image {}", container.image), &e.message()))?
+            .into_inner()
+            .image
+            .ok_or_else(|| failed(&format!("image {}", container.image), &"empty answer"))?;
+        let digest = image.target.map(|t| t.digest).unwrap_or_default();
+        Ok(Some(ImageRef {
+            name: container.image,
+            digest,
+        }))
+    })
+}
