@@ -329,7 +329,9 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
                 RUNTIME,
                 IMAGE,
                 &id,
-                "true",
+                "sh",
+                "-c",
+                COUNTER,
             ]);
             ensure!(made.code == 0, "create {id}: {made:?}");
             let refused = api.create_task_from(&id, &stored);
@@ -356,8 +358,12 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
             RUNTIME,
             IMAGE,
             id,
-            "true",
+            "sh",
+            "-c",
+            COUNTER,
         ]);
+        // The same process as the source: current runsc checks the spec against the one
+        // checkpointed.
         ensure!(made.code == 0, "create {id}: {made:?}");
         let restored = api
             .create_task_from(id, &stored)
