@@ -178,7 +178,11 @@ impl TaskService {
             .into_iter()
             .map(|f| f.replace("%ID%", id))
             .collect();
-        let root = opts.runsc_root(&self.inner.namespace)?;
+        // One runsc root per sandbox: the 2022 runsc resolves ids by prefix and refuses
+        // "web" while "web-2" exists in the same root ("id is ambiguous").
+        let root = opts
+            .runsc_root(&self.inner.namespace)?
+            .join(crate::service::grouping(bundle, id));
         let runsc = Runsc::new(
             &opts.binary_name,
             GlobalArgs { root, flags },
@@ -263,7 +267,6 @@ impl TaskService {
                 "the sandbox cgroup"
             }
         );
-        create_private_dir(&runsc.global().root)?;
 
         let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
         let netns = netns::needs_private_netns(&spec, network)
@@ -276,6 +279,7 @@ impl TaskService {
                 Some(self.verify_restore(&req.id, Path::new(dir), &runsc, &features, &adapted)?)
             }
         };
+        create_private_dir(&runsc.global().root)?;
         // Written before anything is made, so `shim delete` can undo any of it after a crash.
         let record = Record {
             binary: runsc.binary().to_path_buf(),
@@ -1154,6 +1158,10 @@ pub fn unmount_rootfs(bundle: &Path) {
 /// Removes what the shim made for a container: the rootfs mount, the network namespace and
 /// the record in the bundle.
 pub fn cleanup_bundle(bundle: &Path, rootfs_mounted: bool, netns: Option<&Path>) {
+    // The sandbox's runsc root goes with its last container (a pod's others keep it).
+    if let Ok(Some(record)) = Record::read(bundle) {
+        let _ = std::fs::remove_dir(&record.root);
+    }
     if rootfs_mounted {
         unmount_rootfs(bundle);
     }
