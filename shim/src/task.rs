@@ -180,10 +180,9 @@ impl TaskService {
             .collect();
         // One runsc root per sandbox: the 2022 runsc resolves ids by prefix and refuses
         // "web" while "web-2" exists in the same root ("id is ambiguous").
-        let root = opts
-            .runsc_root(&self.inner.namespace)?
-            .join(crate::service::grouping(bundle, id));
-        let runsc = Runsc::new(
+        let shared_root = opts.runsc_root(&self.inner.namespace)?;
+        let root = shared_root.join(crate::service::grouping(bundle, id));
+        let mut runsc = Runsc::new(
             &opts.binary_name,
             GlobalArgs { root, flags },
             bundle,
@@ -202,6 +201,13 @@ impl TaskService {
             }
         };
         FEATURES.lock().unwrap().insert(binary, features.clone());
+        // What runsc shares between sandboxes (current builds pin a "null" network namespace
+        // there) stays in the namespace's root, not in each sandbox's.
+        if features.global_flags.contains("shared-root")
+            && !opts.runsc_config.contains_key("shared-root")
+        {
+            runsc.add_flag(&format!("--shared-root={}", shared_root.display()));
+        }
         features
             .check_flags(&runsc.global().flags)
             .map_err(ShimError::InvalidArgument)?;
