@@ -1051,6 +1051,10 @@ fn main() {
             "restore_is_pinned_to_the_image_digest",
             snapshots::restore_is_pinned_to_the_image_digest,
         ),
+        (
+            "failed_checkpoint_leaves_the_source_running",
+            snapshots::failed_checkpoint_leaves_the_source_running,
+        ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.
     let optional: &[(&str, &str, Case)] = &[(

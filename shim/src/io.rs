@@ -253,7 +253,16 @@ impl ProcessIo {
 
 /// Opens stdio for a process without a terminal. Output files go straight to runsc; stdin
 /// goes through a pipe fed by the shim, so that its end is under the shim's control.
-pub fn open_plain(paths: &StdioPaths, ctx: &LogContext) -> io::Result<(ProcessStdio, ProcessIo)> {
+///
+/// With `previous`, the process is a sandbox restored in place of the one `previous` served
+/// (a checkpoint that leaves the source running on a runsc that cannot resume in place):
+/// containerd's stdin, still read by the copier `previous` started, now feeds the new process;
+/// a stdin already closed stays closed.
+pub fn open_plain(
+    paths: &StdioPaths,
+    ctx: &LogContext,
+    previous: Option<&ProcessIo>,
+) -> io::Result<(ProcessStdio, ProcessIo)> {
     let Outputs {
         stdout,
         stderr,
@@ -263,14 +272,24 @@ pub fn open_plain(paths: &StdioPaths, ctx: &LogContext) -> io::Result<(ProcessSt
         _fifo_readers: fifo_readers,
         ..ProcessIo::default()
     };
-    let stdin = if paths.stdin.is_empty() {
-        None
-    } else {
-        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let sink: StdinSink = Arc::new(Mutex::new(Some(File::from(write))));
-        spawn_stdin_copier(&paths.stdin, sink.clone())?;
-        pio.stdin = Some(sink);
-        Some(File::from(read))
+    let stdin = match previous {
+        None if paths.stdin.is_empty() => None,
+        None => {
+            let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+            let sink: StdinSink = Arc::new(Mutex::new(Some(File::from(write))));
+            spawn_stdin_copier(&paths.stdin, sink.clone())?;
+            pio.stdin = Some(sink);
+            Some(File::from(read))
+        }
+        Some(previous) => match &previous.stdin {
+            Some(sink) if sink.lock().unwrap().is_some() => {
+                let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                *sink.lock().unwrap() = Some(File::from(write));
+                pio.stdin = Some(sink.clone());
+                Some(File::from(read))
+            }
+            _ => None,
+        },
     };
     Ok((
         ProcessStdio {
@@ -379,45 +398,7 @@ impl ConsoleSocket {
     }
 }
 
-/// Stdio for a sandbox restored in place of the one `previous` served (a checkpoint that
-/// leaves the source running on a runsc that cannot resume in place): outputs are opened
-/// again, and containerd's stdin, still read by the copier `previous` started, now feeds the
-/// new process. A stdin already closed stays closed.
-pub fn reopen_plain(
-    paths: &StdioPaths,
-    ctx: &LogContext,
-    previous: &ProcessIo,
-) -> io::Result<(ProcessStdio, ProcessIo)> {
-    let Outputs {
-        stdout,
-        stderr,
-        fifo_readers,
-    } = open_outputs(paths, ctx)?;
-    let mut pio = ProcessIo {
-        _fifo_readers: fifo_readers,
-        ..ProcessIo::default()
-    };
-    let stdin = match &previous.stdin {
-        Some(sink) if sink.lock().unwrap().is_some() => {
-            let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-            *sink.lock().unwrap() = Some(File::from(write));
-            pio.stdin = Some(sink.clone());
-            Some(File::from(read))
-        }
-        _ => None,
-    };
-    Ok((
-        ProcessStdio {
-            stdin,
-            stdout,
-            stderr,
-            terminal: false,
-        },
-        pio,
-    ))
-}
-
-/// Like [`reopen_plain`] for a process with a terminal: the new pty master takes over.
+/// Like [`open_plain`] with a previous process, for a process with a terminal: the new pty master takes over.
 pub fn reattach_console(
     paths: &StdioPaths,
     master: File,
@@ -453,7 +434,7 @@ mod tests {
             stdin: i.display().to_string(),
             ..Default::default()
         };
-        let (stdio, mut pio) = open_plain(&paths, &LogContext::default()).unwrap();
+        let (stdio, mut pio) = open_plain(&paths, &LogContext::default(), None).unwrap();
         let writer_path = i.clone();
         std::thread::spawn(move || {
             let mut w = OpenOptions::new().write(true).open(writer_path).unwrap();
@@ -472,6 +453,42 @@ mod tests {
             "CloseIO blocked behind a stdin write"
         );
         drop(stdio);
+    }
+
+    #[test]
+    fn a_restored_process_takes_over_stdin_and_output_fifos_keep_a_reader() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let (i, o) = (dir.path().join("in"), dir.path().join("out"));
+        for f in [&i, &o] {
+            nix::unistd::mkfifo(f, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        }
+        let paths = StdioPaths {
+            stdin: i.display().to_string(),
+            stdout: o.display().to_string(),
+            ..Default::default()
+        };
+        let (first, old) = open_plain(&paths, &LogContext::default(), None).unwrap();
+        // Nobody reads the output fifo, yet writing to it does not fail (EPIPE): the shim
+        // holds a read end.
+        let mut out = first.stdout.as_ref().unwrap();
+        out.write_all(b"x").unwrap();
+        let (second, new) = open_plain(&paths, &LogContext::default(), Some(&old)).unwrap();
+        drop(first);
+        let mut w = OpenOptions::new().write(true).open(&i).unwrap();
+        w.write_all(b"hello").unwrap();
+        drop(w);
+        let mut got = Vec::new();
+        second.stdin.unwrap().read_to_end(&mut got).unwrap();
+        assert_eq!(
+            got, b"hello",
+            "containerd's stdin reaches the restored process"
+        );
+        // A closed stdin stays closed for a later restore.
+        let mut closed = new;
+        closed.close_stdin();
+        let (third, _) = open_plain(&paths, &LogContext::default(), Some(&closed)).unwrap();
+        assert!(third.stdin.is_none());
     }
 
     #[test]
@@ -532,7 +549,7 @@ mod tests {
             ..Default::default()
         };
         // Opening must not block although nobody reads `out` or writes `in` yet.
-        let (stdio, _pio) = open_plain(&paths, &LogContext::default()).unwrap();
+        let (stdio, _pio) = open_plain(&paths, &LogContext::default(), None).unwrap();
         let mut containerd_reader = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -556,7 +573,7 @@ mod tests {
         );
 
         // CloseIO ends stdin even while containerd keeps its end open.
-        let (stdio, mut pio) = open_plain(&paths, &LogContext::default()).unwrap();
+        let (stdio, mut pio) = open_plain(&paths, &LogContext::default(), None).unwrap();
         let _writer = OpenOptions::new().write(true).open(&i).unwrap();
         pio.close_stdin();
         let mut process_stdin = stdio.stdin.unwrap();

@@ -416,11 +416,8 @@ impl TaskService {
             )
         } else {
             let (s, pio) = match &how {
-                Launch::Restore {
-                    previous: Some(previous),
-                    ..
-                } => io::reopen_plain(stdio, &ctx, previous),
-                _ => io::open_plain(stdio, &ctx),
+                Launch::Restore { previous, .. } => io::open_plain(stdio, &ctx, *previous),
+                Launch::Create => io::open_plain(stdio, &ctx, None),
             }
             .map_err(open_err)?;
             (s, None, pio)
@@ -688,9 +685,10 @@ impl TaskService {
                 .map_err(|e| ShimError::internal(format!("terminal for exec {exec_id}"), e))?;
             (stdio, Some(master))
         } else {
-            let (s, pio) = io::open_plain(&p.stdio, &self.log_context(&c.id)).map_err(|e| {
-                ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
-            })?;
+            let (s, pio) =
+                io::open_plain(&p.stdio, &self.log_context(&c.id), None).map_err(|e| {
+                    ShimError::InvalidArgument(format!("open stdio of exec {exec_id}: {e}"))
+                })?;
             p.io = pio;
             (s, None)
         };

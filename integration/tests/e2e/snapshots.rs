@@ -8,9 +8,11 @@ use chalk_integration::api::Descriptor;
 use super::*;
 
 /// The entrypoint of every snapshot test: writes to the root filesystem and /tmp, then counts
-/// in memory, saving the count where an exec can read it.
+/// in memory, saving the count where an exec can read it (renamed into place, so a reader
+/// never finds it empty).
 const COUNTER: &str = "echo hello > /workspace/notes.txt; echo tmp > /tmp/t; i=0; \
-                       while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+                       while true; do i=$((i+1)); echo $i > /tmp/c.new; \
+                       mv /tmp/c.new /tmp/count; sleep 0.1; done";
 
 impl Env {
     fn sh(&self, id: &str, exec_id: &str, script: &str) -> CtrOutput {
@@ -350,6 +352,33 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
         }
         std::fs::write(&blob, &original).map_err(|e| e.to_string())?;
 
+        // An intact snapshot into a sandbox that may reach further than its source.
+        let id = "tamper-wider";
+        let made = e.ctr(&[
+            "containers",
+            "create",
+            "--runtime",
+            RUNTIME,
+            "--privileged",
+            IMAGE,
+            id,
+            "--",
+            "sh",
+            "-c",
+            COUNTER,
+        ]);
+        ensure!(made.code == 0, "create {id}: {made:?}");
+        let refused = api.create_task_from(id, &stored);
+        e.remove(id);
+        match refused {
+            Ok(()) => return Err("a privileged restore of an unprivileged snapshot ran".into()),
+            Err(msg) => ensure!(
+                msg.contains("reach further than its source") && msg.contains("CAP_SYS_ADMIN"),
+                "widening: error {msg:?}"
+            ),
+        }
+        e.assert_clean(id)?;
+
         // The intact snapshot restores: the refusals were about the tampering.
         let id = "tamper-intact";
         let made = e.ctr(&[
@@ -426,4 +455,37 @@ pub fn restore_is_pinned_to_the_image_digest(e: &Env) -> TestResult {
     result?;
     e.assert_clean(src)?;
     e.assert_clean(fork)
+}
+
+pub fn failed_checkpoint_leaves_the_source_running(e: &Env) -> TestResult {
+    let id = "ckfail";
+    e.remove(id);
+    let dir = e.snapshot_dir(id);
+    let result = (|| {
+        e.start_counter(id)?;
+        // runsc writes fresh files: a directory holding something is refused, untouched.
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("keep.txt"), b"mine").map_err(|e| e.to_string())?;
+        let err = match e.api().checkpoint_to(id, &dir, false) {
+            Ok(()) => return Err("a checkpoint into a non-empty directory succeeded".into()),
+            Err(err) => err,
+        };
+        ensure!(err.contains("not empty"), "error should say why: {err}");
+        ensure!(
+            std::fs::read(dir.join("keep.txt")).ok().as_deref() == Some(&b"mine"[..]),
+            "the directory's file was touched"
+        );
+        ensure!(
+            e.task_status(id).as_deref() == Some("RUNNING"),
+            "source is {:?} after a failed checkpoint",
+            e.task_status(id)
+        );
+        let before = e.count(id)?;
+        std::thread::sleep(Duration::from_millis(300));
+        ensure!(e.count(id)? > before, "the source stopped counting");
+        Ok(())
+    })();
+    e.remove(id);
+    result?;
+    e.assert_clean(id)
 }
