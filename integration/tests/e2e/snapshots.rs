@@ -354,6 +354,8 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
 
         // An intact snapshot into a sandbox that may reach further than its source.
         let id = "tamper-wider";
+        // (Refused before runsc sees the process, so any will do; ctr misreads `--` and `-c`
+        // after --privileged.)
         let made = e.ctr(&[
             "containers",
             "create",
@@ -362,10 +364,8 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
             "--privileged",
             IMAGE,
             id,
-            "--",
-            "sh",
-            "-c",
-            COUNTER,
+            "sleep",
+            "1000",
         ]);
         ensure!(made.code == 0, "create {id}: {made:?}");
         let refused = api.create_task_from(id, &stored);
