@@ -45,6 +45,24 @@ fn run_rm(c: &Containerd, id: &str, script: &str) -> chalk_integration::CtrOutpu
     ])
 }
 
+/// `ctr run -d` of a shell command in a new sandbox.
+fn run_detached(c: &Containerd, id: &str, script: &str) -> Result<(), String> {
+    check(
+        &c.ctr([
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            IMAGE,
+            id,
+            "sh",
+            "-c",
+            script,
+        ]),
+        "run -d",
+    )
+}
+
 fn count(c: &Containerd, id: &str) -> Result<String, String> {
     let out = c.ctr(["task", "exec", "--exec-id", "peek", id, "cat", "/tmp/count"]);
     check(&out, "exec")?;
@@ -85,19 +103,10 @@ fn snapshots(c: &Containerd) -> Result<(), String> {
     // A sandbox of its own: containerd 1.6 refuses a second checkpoint of a spec already in
     // its content store ("already exists"), and the forks share the counter's.
     step("suspend and resume demo-suspend (Checkpoint with exit, then Create from it)");
-    check(
-        &c.ctr([
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            "demo-suspend",
-            "sh",
-            "-c",
-            "i=100; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
-        ]),
-        "run -d",
+    run_detached(
+        c,
+        "demo-suspend",
+        "i=100; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
     )?;
     std::thread::sleep(std::time::Duration::from_millis(800));
     println!("demo-suspend: {}", count(c, "demo-suspend")?);
@@ -146,19 +155,10 @@ fn run() -> Result<(), String> {
     println!("ctr exited with {}", out.code);
 
     step("a long-running sandbox: exec, ps, pause/resume, metrics, kill");
-    check(
-        &c.ctr([
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            "demo-counter",
-            "sh",
-            "-c",
-            "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
-        ]),
-        "run -d",
+    run_detached(
+        &c,
+        "demo-counter",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
     )?;
     std::thread::sleep(std::time::Duration::from_millis(800));
     let out = c.ctr([
