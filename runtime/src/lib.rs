@@ -1,6 +1,7 @@
 //! The library behind chalk-shim: it drives gVisor's `runsc` and knows nothing of ttrpc.
 //!
 //! - [`options`]: the runtime options file (TOML) and the runsc flags it turns into.
+//! - [`registry`]: the snapshot registry's rules over containerd image labels (for chalkctl).
 //! - [`runsc`]: typed runsc operations, argv built in one place, capability detection.
 //! - [`snapshot`]: the snapshot manifest (hashing, verification) and the isolation rule.
 //! - [`state`]: the process lifecycle state machine.
@@ -17,6 +18,7 @@ pub mod executable;
 pub mod ids;
 pub mod netns;
 pub mod options;
+pub mod registry;
 pub mod runsc;
 pub mod snapshot;
 pub mod state;
