@@ -92,10 +92,15 @@ impl Containerd {
             bin.display(),
             std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
         );
+        // containerd unpacks every restored checkpoint into a temporary directory it never
+        // removes: keep those inside this instance's directory.
+        let tmp = d.join("tmp");
+        fs::create_dir_all(&tmp)?;
         let daemon = Command::new(program("CHALK_CONTAINERD", "containerd"))
             .arg("--config")
             .arg(d.join("config.toml"))
             .env("PATH", path)
+            .env("TMPDIR", &tmp)
             .env("CHALK_SHIM_CONFIG", d.join("chalk.toml"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
