@@ -46,6 +46,14 @@ pub fn image_of(address: &str, namespace: &str, id: &str) -> Result<Option<Image
         if container.image.is_empty() {
             return Ok(None);
         }
+        // A reference pinned by digest names its image by itself (what a restore by digest,
+        // e.g. chalkctl's fork, records), whatever tags say now.
+        if let Some(digest) = pinned_digest(&container.image) {
+            return Ok(Some(ImageRef {
+                name: container.image.clone(),
+                digest: digest.to_string(),
+            }));
+        }
         let req = GetImageRequest {
             name: container.image.clone(),
         };
@@ -62,4 +70,28 @@ pub fn image_of(address: &str, namespace: &str, id: &str) -> Result<Option<Image
             digest,
         }))
     })
+}
+
+/// The digest of a reference pinned by digest (`name@sha256:<64 hex>`).
+fn pinned_digest(reference: &str) -> Option<&str> {
+    let (_, digest) = reference.rsplit_once('@')?;
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_pinned_by_digest_carry_their_digest() {
+        let d = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(
+            pinned_digest(&format!("docker.io/library/busybox@{d}")),
+            Some(d.as_str())
+        );
+        assert_eq!(pinned_digest("docker.io/library/busybox:latest"), None);
+        assert_eq!(pinned_digest("busybox@sha256:short"), None);
+        assert_eq!(pinned_digest("busybox@md5:abc"), None);
+    }
 }
