@@ -22,10 +22,20 @@ pub fn program(var: &str, default: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(default))
 }
 
-/// Where the shim binary was built: `CHALK_SHIM_BINARY`, else the cargo profile directory
-/// this executable runs from (target/<profile>/, also for tests in target/<profile>/deps/).
+/// Where the shim binary was built: `CHALK_SHIM_BINARY`, else next to this executable.
 pub fn shim_binary() -> io::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("CHALK_SHIM_BINARY").filter(|v| !v.is_empty()) {
+    built_binary("CHALK_SHIM_BINARY", "containerd-shim-chalk-v1")
+}
+
+/// Where chalkctl was built: `CHALK_CHALKCTL`, else next to this executable.
+pub fn chalkctl_binary() -> io::Result<PathBuf> {
+    built_binary("CHALK_CHALKCTL", "chalkctl")
+}
+
+/// `var` if set, else `name` in the cargo profile directory this executable runs from
+/// (target/<profile>/, also for tests in target/<profile>/deps/).
+fn built_binary(var: &str, name: &str) -> io::Result<PathBuf> {
+    if let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe()?;
@@ -33,12 +43,12 @@ pub fn shim_binary() -> io::Result<PathBuf> {
     if dir.file_name() == Some(OsStr::new("deps")) {
         dir.pop();
     }
-    let candidate = dir.join("containerd-shim-chalk-v1");
+    let candidate = dir.join(name);
     if candidate.exists() {
         return Ok(candidate);
     }
     Err(io::Error::other(format!(
-        "{} is not built: run `cargo build --workspace --bins` first (or set CHALK_SHIM_BINARY)",
+        "{} is not built: run `cargo build --workspace --bins` first (or set {var})",
         candidate.display()
     )))
 }

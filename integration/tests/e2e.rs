@@ -976,6 +976,9 @@ fn find_shim(id: &str) -> Option<i32> {
 #[path = "e2e/snapshots.rs"]
 mod snapshots;
 
+#[path = "e2e/chalkctl.rs"]
+mod chalkctl;
+
 fn main() {
     let args = Arguments::from_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1054,6 +1057,10 @@ fn main() {
         (
             "failed_checkpoint_leaves_the_source_running",
             snapshots::failed_checkpoint_leaves_the_source_running,
+        ),
+        (
+            "chalkctl_snapshot_registry",
+            chalkctl::chalkctl_snapshot_registry,
         ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.

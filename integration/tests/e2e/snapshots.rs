@@ -10,12 +10,12 @@ use super::*;
 /// The entrypoint of every snapshot test: writes to the root filesystem and /tmp, then counts
 /// in memory, saving the count where an exec can read it (renamed into place, so a reader
 /// never finds it empty).
-const COUNTER: &str = "echo hello > /workspace/notes.txt; echo tmp > /tmp/t; i=0; \
+pub const COUNTER: &str = "echo hello > /workspace/notes.txt; echo tmp > /tmp/t; i=0; \
                        while true; do i=$((i+1)); echo $i > /tmp/c.new; \
                        mv /tmp/c.new /tmp/count; sleep 0.1; done";
 
 impl Env {
-    fn sh(&self, id: &str, exec_id: &str, script: &str) -> CtrOutput {
+    pub(crate) fn sh(&self, id: &str, exec_id: &str, script: &str) -> CtrOutput {
         self.ctr(&["task", "exec", "--exec-id", exec_id, id, "sh", "-c", script])
     }
 
@@ -38,7 +38,7 @@ impl Env {
         Ok(())
     }
 
-    fn restore_live(&self, id: &str, snapshot: &str) -> CtrOutput {
+    pub(crate) fn restore_live(&self, id: &str, snapshot: &str) -> CtrOutput {
         self.ctr(&["containers", "restore", "--live", id, snapshot])
     }
 

@@ -345,10 +345,11 @@ pub fn rfc3339_now() -> String {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    rfc3339(secs)
+    rfc3339_at(secs)
 }
 
-fn rfc3339(secs: u64) -> String {
+/// `secs` since the epoch as RFC 3339 in UTC.
+pub fn rfc3339_at(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -535,8 +536,8 @@ mod tests {
 
     #[test]
     fn dates_are_rfc3339() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_796_000_000), "2026-11-30T00:53:20Z");
+        assert_eq!(rfc3339_at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_at(1_796_000_000), "2026-11-30T00:53:20Z");
     }
 }

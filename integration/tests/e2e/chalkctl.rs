@@ -1,0 +1,136 @@
+//! chalkctl's snapshot registry against a real containerd and runsc.
+
+use chalk_integration::containerd::chalkctl_binary;
+
+use super::*;
+
+impl Env {
+    fn chalkctl(&self, args: &[&str]) -> CtrOutput {
+        let bin = chalkctl_binary().expect("chalkctl is built");
+        Command::new(bin)
+            .arg("--address")
+            .arg(self.c.socket())
+            .args(["--namespace", &self.c.namespace])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run chalkctl")
+            .into()
+    }
+
+    fn chalkctl_json(&self, args: &[&str]) -> Result<serde_json::Value, Failed> {
+        let mut all = vec!["--output", "json"];
+        all.extend_from_slice(args);
+        let out = self.chalkctl(&all);
+        ensure!(out.code == 0, "chalkctl {args:?}: {out:?}");
+        serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
+    }
+}
+
+pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
+    let (src, fork) = ("ctl-src", "ctl-fork");
+    for id in [src, fork] {
+        e.remove(id);
+    }
+    let result = (|| {
+        e.run_detached(src, &["sh", "-c", snapshots::COUNTER])?;
+        // Three snapshots of one sandbox (containerd 1.6 stores a spec once: chalkctl marks
+        // each checkpoint's spec so that it can).
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let label = format!("n={i}");
+            let out = e.chalkctl_json(&["snapshot", "create", "--id", src, "--label", &label])?;
+            ensure!(out["status"] == "completed", "create: {out}");
+            ids.push(out["id"].as_str().unwrap_or_default().to_string());
+        }
+        ensure!(
+            e.task_status(src).as_deref() == Some("RUNNING"),
+            "the source stopped"
+        );
+
+        // Pages of two, newest first, until the cursor runs out.
+        let first = e.chalkctl_json(&["snapshot", "list", "--sandbox-id", src, "--limit", "2"])?;
+        let items = first["items"].as_array().cloned().unwrap_or_default();
+        ensure!(
+            items.len() == 2 && items[0]["id"] == ids[2].as_str(),
+            "page 1: {first}"
+        );
+        let cursor = first["next_cursor"]
+            .as_str()
+            .ok_or("no cursor after page 1")?;
+        let second = e.chalkctl_json(&["snapshot", "list", "--limit", "2", "--cursor", cursor])?;
+        let items = second["items"].as_array().cloned().unwrap_or_default();
+        ensure!(
+            items.len() == 1
+                && items[0]["id"] == ids[0].as_str()
+                && second["next_cursor"].is_null(),
+            "page 2: {second}"
+        );
+        let failed = e.chalkctl_json(&["snapshot", "list", "--status", "failed"])?;
+        ensure!(
+            failed["items"].as_array().is_some_and(|i| i.is_empty()),
+            "{failed}"
+        );
+
+        // get, by a prefix of the digest: labels and the manifest's fields.
+        let prefix = &ids[1][..19];
+        let got = e.chalkctl_json(&["snapshot", "get", "--snapshot-id", prefix])?;
+        ensure!(got["labels"]["n"] == "1", "labels: {got}");
+        ensure!(got["manifest"]["kind"] == "snapshot", "manifest: {got}");
+        ensure!(got["sandbox_id"] == src, "source: {got}");
+
+        // The snapshot is an image `ctr container restore` can fork from.
+        let name = got["name"].as_str().unwrap_or_default();
+        let out = e.restore_live(fork, name);
+        ensure!(out.code == 0, "ctr restore of a chalkctl snapshot: {out:?}");
+        let files = e.sh(fork, "files", "cat /workspace/notes.txt");
+        ensure!(files.stdout == "hello\n", "fork's files: {files:?}");
+
+        // delete removes the record only.
+        let del = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &ids[0]]);
+        ensure!(del.code == 0, "delete: {del:?}");
+        let left = e.chalkctl_json(&["snapshot", "list", "--sandbox-id", src])?;
+        ensure!(left["items"].as_array().map(Vec::len) == Some(2), "{left}");
+        ensure!(
+            e.task_status(src).as_deref() == Some("RUNNING"),
+            "delete touched the source"
+        );
+
+        // Failures are clear and non-zero.
+        let missing = e.chalkctl(&["snapshot", "create", "--id", "no-such-sandbox"]);
+        ensure!(
+            missing.code != 0 && missing.stderr.contains("no-such-sandbox: not found"),
+            "unknown sandbox: {missing:?}"
+        );
+        let missing = e.chalkctl(&["snapshot", "get", "--snapshot-id", &ids[0]]);
+        ensure!(
+            missing.code != 0 && missing.stderr.contains("not found"),
+            "{missing:?}"
+        );
+        let bin = chalkctl_binary().map_err(|e| e.to_string())?;
+        let away = Command::new(bin)
+            .args([
+                "--address",
+                "/nonexistent/containerd.sock",
+                "snapshot",
+                "list",
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stderr = String::from_utf8_lossy(&away.stderr);
+        ensure!(
+            !away.status.success() && stderr.contains("/nonexistent/containerd.sock"),
+            "unreachable containerd: {stderr}"
+        );
+        for id in &ids[1..] {
+            e.chalkctl(&["snapshot", "delete", "--snapshot-id", id]);
+        }
+        Ok(())
+    })();
+    for id in [src, fork] {
+        e.remove(id);
+    }
+    result?;
+    e.assert_clean(src)?;
+    e.assert_clean(fork)
+}

@@ -1,0 +1,309 @@
+//! The containerd API calls chalkctl makes, blocking, over one connection. Every call runs in
+//! the chosen namespace and, once a lease is taken, under it (so containerd's garbage
+//! collector keeps what a half-finished command wrote).
+
+use std::collections::HashMap;
+
+use containerd_client::{
+    services::v1::{
+        container::Runtime, containers_client::ContainersClient, content_client::ContentClient,
+        images_client::ImagesClient, leases_client::LeasesClient, tasks_client::TasksClient,
+        CheckpointTaskRequest, Container, CreateImageRequest, CreateRequest as CreateLease,
+        DeleteImageRequest, DeleteRequest as DeleteLease, GetContainerRequest, GetImageRequest,
+        Image, ListContainersRequest, ListImagesRequest, ReadContentRequest,
+        UpdateContainerRequest, UpdateImageRequest, WriteAction, WriteContentRequest,
+    },
+    tonic::{transport::Channel, Code, Request, Status},
+    types::Descriptor,
+    with_namespace,
+};
+
+/// A failed call, as the user should read it.
+pub type Result<T> = std::result::Result<T, String>;
+
+pub struct Client {
+    rt: tokio::runtime::Runtime,
+    channel: Channel,
+    namespace: String,
+    lease: Option<String>,
+}
+
+fn describe(what: &str, e: Status) -> String {
+    match e.code() {
+        Code::NotFound => format!("{what}: not found"),
+        _ => format!("{what}: {}", e.message()),
+    }
+}
+
+impl Client {
+    pub fn connect(address: &str, namespace: &str) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("start a runtime: {e}"))?;
+        let socket = address
+            .strip_prefix("unix://")
+            .unwrap_or(address)
+            .to_string();
+        let channel = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    containerd_client::connect(&socket),
+                )
+                .await
+            })
+            .map_err(|_| format!("containerd at {socket} did not answer within 10 s"))?
+            .map_err(|e| {
+                format!("cannot reach containerd at {socket}: {e} (is it running? set --address or CONTAINERD_ADDRESS)")
+            })?;
+        Ok(Client {
+            rt,
+            channel,
+            namespace: namespace.to_string(),
+            lease: None,
+        })
+    }
+
+    fn req<T>(&self, msg: T) -> Request<T> {
+        let mut req = with_namespace!(msg, self.namespace);
+        if let Some(lease) = &self.lease {
+            if let Ok(v) = lease.parse() {
+                req.metadata_mut().insert("containerd-lease", v);
+            }
+        }
+        req
+    }
+
+    /// Takes a lease that expires by itself after an hour, should chalkctl die holding it.
+    pub fn lease(&mut self, id: &str) -> Result<()> {
+        let mut labels = HashMap::new();
+        labels.insert("containerd.io/gc.expire".to_string(), expire_in(3600));
+        let req = self.req(CreateLease {
+            id: id.to_string(),
+            labels,
+        });
+        self.rt
+            .block_on(LeasesClient::new(self.channel.clone()).create(req))
+            .map_err(|e| describe("create a lease", e))?;
+        self.lease = Some(id.to_string());
+        Ok(())
+    }
+
+    pub fn release(&mut self) {
+        if let Some(id) = self.lease.take() {
+            let req = self.req(DeleteLease { id, sync: false });
+            let _ = self
+                .rt
+                .block_on(LeasesClient::new(self.channel.clone()).delete(req));
+        }
+    }
+
+    pub fn container(&self, id: &str) -> Result<Container> {
+        let req = self.req(GetContainerRequest { id: id.to_string() });
+        self.rt
+            .block_on(ContainersClient::new(self.channel.clone()).get(req))
+            .map_err(|e| describe(&format!("sandbox {id}"), e))?
+            .into_inner()
+            .container
+            .ok_or_else(|| format!("sandbox {id}: empty answer"))
+    }
+
+    /// Sets annotation `key` in the container record's spec (not the running sandbox's).
+    pub fn mark_spec(&self, c: &Container, key: &str, value: &str) -> Result<()> {
+        let mut c = c.clone();
+        let id = c.id.clone();
+        let spec = c
+            .spec
+            .as_mut()
+            .ok_or_else(|| format!("sandbox {id} has no spec"))?;
+        let mut parsed: serde_json::Value = serde_json::from_slice(&spec.value)
+            .map_err(|e| format!("spec of sandbox {id}: {e}"))?;
+        if !parsed["annotations"].is_object() {
+            parsed["annotations"] = serde_json::json!({});
+        }
+        parsed["annotations"][key] = value.into();
+        spec.value = serde_json::to_vec(&parsed).map_err(|e| e.to_string())?;
+        let req = self.req(UpdateContainerRequest {
+            container: Some(c),
+            update_mask: Some(prost_types::FieldMask {
+                paths: vec!["spec".into()],
+            }),
+        });
+        self.rt
+            .block_on(ContainersClient::new(self.channel.clone()).update(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("update sandbox {id}"), e))
+    }
+
+    pub fn containers(&self) -> Result<Vec<Container>> {
+        let req = self.req(ListContainersRequest::default());
+        Ok(self
+            .rt
+            .block_on(ContainersClient::new(self.channel.clone()).list(req))
+            .map_err(|e| describe("list sandboxes", e))?
+            .into_inner()
+            .containers)
+    }
+
+    pub fn image(&self, name: &str) -> Result<Image> {
+        let req = self.req(GetImageRequest {
+            name: name.to_string(),
+        });
+        self.rt
+            .block_on(ImagesClient::new(self.channel.clone()).get(req))
+            .map_err(|e| describe(&format!("image {name}"), e))?
+            .into_inner()
+            .image
+            .ok_or_else(|| format!("image {name}: empty answer"))
+    }
+
+    /// Images whose labels match containerd's filter syntax (e.g. `labels."k"==v`).
+    pub fn images(&self, filter: &str) -> Result<Vec<Image>> {
+        let req = self.req(ListImagesRequest {
+            filters: vec![filter.to_string()],
+        });
+        Ok(self
+            .rt
+            .block_on(ImagesClient::new(self.channel.clone()).list(req))
+            .map_err(|e| describe("list images", e))?
+            .into_inner()
+            .images)
+    }
+
+    pub fn create_image(&self, image: Image) -> Result<()> {
+        let name = image.name.clone();
+        let req = self.req(CreateImageRequest {
+            image: Some(image),
+            source_date_epoch: None,
+        });
+        self.rt
+            .block_on(ImagesClient::new(self.channel.clone()).create(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("create image {name}"), e))
+    }
+
+    /// Replaces the record's target and labels.
+    pub fn update_image(&self, image: Image) -> Result<()> {
+        let name = image.name.clone();
+        let req = self.req(UpdateImageRequest {
+            image: Some(image),
+            update_mask: None,
+            source_date_epoch: None,
+        });
+        self.rt
+            .block_on(ImagesClient::new(self.channel.clone()).update(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("update image {name}"), e))
+    }
+
+    pub fn delete_image(&self, name: &str) -> Result<()> {
+        let req = self.req(DeleteImageRequest {
+            name: name.to_string(),
+            sync: false,
+            target: None,
+        });
+        self.rt
+            .block_on(ImagesClient::new(self.channel.clone()).delete(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("delete image {name}"), e))
+    }
+
+    /// Tasks.Checkpoint with runc's `CheckpointOptions` (`exit` for suspend): the
+    /// descriptors containerd stored (the checkpoint tar and the spec).
+    pub fn checkpoint(&self, id: &str, exit: bool) -> Result<Vec<Descriptor>> {
+        let req = self.req(CheckpointTaskRequest {
+            container_id: id.to_string(),
+            parent_checkpoint: String::new(),
+            options: Some(prost_types::Any {
+                type_url: "containerd.runc.v1.CheckpointOptions".into(),
+                value: if exit { vec![0x08, 0x01] } else { Vec::new() }, // bool exit = 1
+            }),
+        });
+        Ok(self
+            .rt
+            .block_on(TasksClient::new(self.channel.clone()).checkpoint(req))
+            .map_err(|e| describe(&format!("checkpoint of {id}"), e))?
+            .into_inner()
+            .descriptors)
+    }
+
+    /// Stores `data` in the content store, labelled, and returns its descriptor.
+    pub fn write_blob(
+        &self,
+        media_type: &str,
+        data: Vec<u8>,
+        labels: HashMap<String, String>,
+    ) -> Result<Descriptor> {
+        let digest = format!(
+            "sha256:{}",
+            chalk_runtime::snapshot::hash::sha256_hex(&data)
+        );
+        let size = data.len() as i64;
+        let commit = WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            r#ref: format!("chalkctl-{digest}"),
+            total: size,
+            expected: digest.clone(),
+            offset: 0,
+            data,
+            labels,
+        };
+        let mut client = ContentClient::new(self.channel.clone());
+        let req = self.req(tokio_stream::iter(vec![commit]));
+        let written = self.rt.block_on(async {
+            let mut stream = client.write(req).await?.into_inner();
+            while stream.message().await?.is_some() {}
+            Ok::<(), Status>(())
+        });
+        match written {
+            Ok(()) => {}
+            Err(e) if e.code() == Code::AlreadyExists => {}
+            Err(e) => return Err(describe(&format!("store {digest}"), e)),
+        }
+        Ok(Descriptor {
+            media_type: media_type.to_string(),
+            digest,
+            size,
+            annotations: HashMap::new(),
+        })
+    }
+
+    pub fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        let req = self.req(ReadContentRequest {
+            digest: digest.to_string(),
+            offset: 0,
+            size: 0,
+        });
+        let mut client = ContentClient::new(self.channel.clone());
+        self.rt
+            .block_on(async {
+                let mut stream = client.read(req).await?.into_inner();
+                let mut out = Vec::new();
+                while let Some(chunk) = stream.message().await? {
+                    out.extend_from_slice(&chunk.data);
+                }
+                Ok::<_, Status>(out)
+            })
+            .map_err(|e| describe(&format!("read {digest}"), e))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The runtime a sandbox runs with.
+pub fn runtime_name(c: &Container) -> &str {
+    c.runtime.as_ref().map_or("", |r: &Runtime| r.name.as_str())
+}
+
+fn expire_in(secs: u64) -> String {
+    let at = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
+    let secs = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    chalk_runtime::snapshot::manifest::rfc3339_at(secs)
+}

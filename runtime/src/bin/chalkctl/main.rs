@@ -1,0 +1,199 @@
+//! chalkctl: snapshots of chalk sandboxes over containerd's API, with `ctr`'s conventions
+//! (`--address`/`CONTAINERD_ADDRESS`, `--namespace`/`CONTAINERD_NAMESPACE`).
+
+mod client;
+mod snapshots;
+
+use std::{process::ExitCode, time::Instant};
+
+use chalk_runtime::registry::{self, Filter, Status};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::client::Client;
+
+#[derive(Parser)]
+#[command(
+    name = "chalkctl",
+    version,
+    about = "Snapshots of chalk-shim sandboxes on containerd"
+)]
+struct Cli {
+    /// containerd's socket.
+    #[arg(
+        long,
+        global = true,
+        env = "CONTAINERD_ADDRESS",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    address: String,
+    /// containerd namespace.
+    #[arg(
+        long,
+        short = 'n',
+        global = true,
+        env = "CONTAINERD_NAMESPACE",
+        default_value = "default"
+    )]
+    namespace: String,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The snapshot registry.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Snapshot a running sandbox; it keeps running. Prints the snapshot id.
+    Create {
+        #[arg(long)]
+        id: String,
+        /// A label to attach, key=value (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
+    /// Status, source, creation time, labels and the manifest's main fields.
+    Get {
+        #[arg(long)]
+        snapshot_id: String,
+    },
+    /// One page of snapshots, newest first.
+    List {
+        #[arg(long)]
+        sandbox_id: Option<String>,
+        #[arg(long, value_parser = parse_status)]
+        status: Option<Status>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Remove a snapshot (never its source or its forks).
+    Delete {
+        #[arg(long)]
+        snapshot_id: String,
+    },
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    registry::parse_label(s).map_err(|e| e.to_string())
+}
+
+fn parse_status(s: &str) -> Result<Status, String> {
+    Status::parse(s).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(out) => {
+            if cli.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("chalkctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the command; prints tables itself and returns the JSON form.
+fn run(cli: &Cli) -> Result<Value, String> {
+    let mut client = Client::connect(&cli.address, &cli.namespace)?;
+    let table = cli.output == Output::Table;
+    match &cli.command {
+        Command::Snapshot(SnapshotCommand::Create { id, labels }) => {
+            let started = Instant::now();
+            if table {
+                eprintln!("snapshotting {id} ...");
+            }
+            let snap = snapshots::create(&mut client, id, labels.clone())?;
+            if table {
+                eprintln!("done in {}", snapshots::elapsed(started));
+                println!("{}", snap.digest);
+            }
+            let mut out = snapshots::to_json(&snap);
+            out["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
+            Ok(out)
+        }
+        Command::Snapshot(SnapshotCommand::Get { snapshot_id }) => {
+            let snap = snapshots::find(&client, snapshot_id)?;
+            let manifest = snapshots::manifest_summary(&client, &snap)?;
+            let mut out = snapshots::to_json(&snap);
+            out["manifest"] = manifest;
+            if table {
+                for (k, v) in out.as_object().into_iter().flatten() {
+                    println!("{k:<12} {}", plain(v));
+                }
+            }
+            Ok(out)
+        }
+        Command::Snapshot(SnapshotCommand::List {
+            sandbox_id,
+            status,
+            limit,
+            cursor,
+        }) => {
+            let filter = Filter {
+                sandbox_id: sandbox_id.clone(),
+                status: *status,
+            };
+            let page = snapshots::list(&client, &filter, *limit, cursor.as_deref())?;
+            if table {
+                println!(
+                    "{:<72} {:<20} {:<12} {:<25}",
+                    "ID", "SANDBOX", "STATUS", "CREATED"
+                );
+                for s in &page.items {
+                    let id = if s.digest.is_empty() { "-" } else { &s.digest };
+                    println!(
+                        "{id:<72} {:<20} {:<12} {:<25}",
+                        s.sandbox_id,
+                        s.status.as_str(),
+                        s.created
+                    );
+                }
+                if let Some(c) = &page.next_cursor {
+                    println!("next page: --cursor {c}");
+                }
+            }
+            Ok(json!({
+                "items": page.items.iter().map(snapshots::to_json).collect::<Vec<_>>(),
+                "next_cursor": page.next_cursor,
+            }))
+        }
+        Command::Snapshot(SnapshotCommand::Delete { snapshot_id }) => {
+            let snap = snapshots::find(&client, snapshot_id)?;
+            snapshots::delete(&client, &snap)?;
+            if table {
+                println!("deleted {}", snap.name);
+            }
+            Ok(json!({"deleted": snapshots::to_json(&snap)}))
+        }
+    }
+}
+
+/// A JSON value as a table cell.
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,270 @@
+//! `chalkctl snapshot ...`: snapshots as labelled checkpoint images in containerd's image
+//! store, in the index format `ctr container restore` reads.
+
+use std::{collections::HashMap, io::Read, time::Instant};
+
+use chalk_runtime::registry::{self, Filter, Snapshot, Status};
+use containerd_client::{services::v1::Image, types::Descriptor};
+use serde_json::{json, Value};
+
+use crate::client::{runtime_name, Client, Result};
+
+pub const RUNTIME: &str = "io.containerd.chalk.v1";
+const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+/// Set on a sandbox's spec before each checkpoint: containerd 1.6 refuses to store a spec it
+/// already holds ("already exists"), which would allow one snapshot per sandbox there.
+const CHECKPOINT_ANNOTATION: &str = "chalk.io/checkpointed-at";
+
+/// Now, RFC 3339 with milliseconds: it orders the registry and names records.
+pub fn now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = chalk_runtime::snapshot::manifest::rfc3339_at(d.as_secs());
+    format!("{}.{:03}Z", secs.trim_end_matches('Z'), d.subsec_millis())
+}
+
+/// Snapshots sandbox `id` (which keeps running) and returns the completed snapshot.
+pub fn create(client: &mut Client, id: &str, labels: Vec<(String, String)>) -> Result<Snapshot> {
+    let container = client.container(id)?;
+    if runtime_name(&container) != RUNTIME {
+        return Err(format!(
+            "sandbox {id} runs {:?}, not {RUNTIME}: only chalk sandboxes can be snapshotted",
+            runtime_name(&container)
+        ));
+    }
+    if container.image.is_empty() {
+        return Err(format!(
+            "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
+        ));
+    }
+    let base = client.image(&container.image)?;
+    let base_target = base
+        .target
+        .clone()
+        .ok_or_else(|| format!("image {} has no target", container.image))?;
+    let created = now();
+    let mut snap = Snapshot {
+        name: registry::record_name(id, &created),
+        digest: String::new(),
+        sandbox_id: id.to_string(),
+        status: Status::InProgress,
+        created: created.clone(),
+        error: None,
+        base_image: Some(format!("{}@{}", container.image, base_target.digest)),
+        labels: labels.into_iter().collect(),
+    };
+    client.lease(&format!("chalkctl-{}", snap.name.replace(['/', ':'], "-")))?;
+    // The record exists from the start, so `list` shows it in progress; it points at the
+    // base image until the checkpoint is stored.
+    client.create_image(record(&snap, base_target.clone()))?;
+    let outcome = checkpoint_index(client, id, &created, &container.image, &base_target);
+    match outcome {
+        Ok(index) => {
+            snap.status = Status::Completed;
+            snap.digest = index.digest.clone();
+            client.update_image(record(&snap, index))?;
+            Ok(snap)
+        }
+        Err(e) => {
+            snap.status = Status::Failed;
+            snap.error = Some(e.clone());
+            client.update_image(record(&snap, base_target))?;
+            Err(e)
+        }
+    }
+}
+
+fn record(snap: &Snapshot, target: Descriptor) -> Image {
+    Image {
+        name: snap.name.clone(),
+        labels: snap.to_labels().into_iter().collect(),
+        target: Some(target),
+        created_at: None,
+        updated_at: None,
+    }
+}
+
+/// Checkpoints `id` through containerd and stores the index that ties the checkpoint to its
+/// base image.
+fn checkpoint_index(
+    client: &Client,
+    id: &str,
+    created: &str,
+    image: &str,
+    base: &Descriptor,
+) -> Result<Descriptor> {
+    let container = client.container(id)?;
+    client.mark_spec(&container, CHECKPOINT_ANNOTATION, created)?;
+    let descriptors = client.checkpoint(id, false)?;
+    let platform = json!({"os": "linux", "architecture": oci_arch()});
+    let mut manifests: Vec<Value> = descriptors
+        .iter()
+        .map(|d| {
+            json!({"mediaType": d.media_type, "digest": d.digest, "size": d.size,
+                   "platform": platform})
+        })
+        .collect();
+    manifests.push(json!({"mediaType": base.media_type, "digest": base.digest,
+                          "size": base.size}));
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX,
+        "manifests": manifests,
+        "annotations": {
+            "org.opencontainers.image.ref.name": image,
+            "io.containerd.checkpoint.runtime": RUNTIME,
+            "io.containerd.checkpoint.snapshotter": container.snapshotter,
+        },
+    });
+    let mut labels = HashMap::new();
+    for (i, m) in manifests.iter().enumerate() {
+        if let Some(d) = m["digest"].as_str() {
+            labels.insert(format!("containerd.io/gc.ref.content.{i}"), d.to_string());
+        }
+    }
+    let bytes = serde_json::to_vec(&index).map_err(|e| e.to_string())?;
+    client.write_blob(INDEX, bytes, labels)
+}
+
+fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Every snapshot in the namespace.
+pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
+    let images = client.images(&format!("labels.\"{}\"==true", registry::LABEL_SNAPSHOT))?;
+    Ok(images
+        .iter()
+        .filter_map(|i| {
+            let labels = i.labels.clone().into_iter().collect();
+            let digest = i.target.as_ref().map(|t| t.digest.as_str()).unwrap_or("");
+            let mut s = Snapshot::from_record(&i.name, digest, &labels)?;
+            if s.status != Status::Completed {
+                s.digest.clear(); // the target is the base image until completed
+            }
+            Some(s)
+        })
+        .collect())
+}
+
+/// The one snapshot `query` names (a digest, a 12+ digit prefix of one, or a record name).
+pub fn find(client: &Client, query: &str) -> Result<Snapshot> {
+    let mut found: Vec<Snapshot> = all(client)?
+        .into_iter()
+        .filter(|s| s.matches(query))
+        .collect();
+    match found.len() {
+        0 => Err(format!("snapshot {query}: not found")),
+        1 => Ok(found.remove(0)),
+        n => Err(format!(
+            "snapshot {query} is ambiguous: {n} snapshots match; give more digits"
+        )),
+    }
+}
+
+/// `list`: one page.
+pub fn list(
+    client: &Client,
+    filter: &Filter,
+    limit: usize,
+    cursor: Option<&str>,
+) -> Result<registry::Page> {
+    registry::page(&all(client)?, filter, limit, cursor).map_err(|e| e.to_string())
+}
+
+/// `delete`: the record goes; its content goes with containerd's garbage collection once
+/// nothing else refers to it. Sources and forks are containers of their own: untouched.
+pub fn delete(client: &Client, snap: &Snapshot) -> Result<()> {
+    let needing: Vec<String> = client
+        .containers()?
+        .into_iter()
+        .filter(|c| {
+            c.labels.get(SUSPENDED_FROM).map(String::as_str) == Some(snap.digest.as_str())
+                && !snap.digest.is_empty()
+        })
+        .map(|c| c.id)
+        .collect();
+    if !needing.is_empty() {
+        return Err(format!(
+            "snapshot {} is what suspended sandbox(es) {} resume from: resume or remove them first",
+            snap.digest,
+            needing.join(", ")
+        ));
+    }
+    client.delete_image(&snap.name)
+}
+
+/// The label a suspended sandbox carries: the snapshot it resumes from.
+pub const SUSPENDED_FROM: &str = "chalk.io/suspended-from";
+
+/// The manifest's main fields, read from the stored checkpoint.
+pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
+    if snap.status != Status::Completed {
+        return Ok(Value::Null);
+    }
+    let index: Value =
+        serde_json::from_slice(&client.read_blob(&snap.digest)?).map_err(|e| e.to_string())?;
+    let tar_digest = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mediaType"] == CHECKPOINT_TAR)
+        .and_then(|m| m["digest"].as_str())
+        .ok_or("the snapshot's index has no checkpoint")?;
+    let tar_bytes = client.read_blob(tar_digest)?;
+    let mut archive = tar::Archive::new(&tar_bytes[..]);
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        let path = entry
+            .path()
+            .map_err(|e| e.to_string())?
+            .display()
+            .to_string();
+        if path.trim_start_matches("./") == "chalk.manifest.json" {
+            let mut text = String::new();
+            entry.read_to_string(&mut text).map_err(|e| e.to_string())?;
+            let m: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            let size: u64 = m["files"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f["size"].as_u64())
+                .sum();
+            return Ok(json!({
+                "kind": m["kind"],
+                "created": m["created"],
+                "runsc": m["runsc"]["version"],
+                "platform": m["runsc"]["platform"],
+                "image": m["image"],
+                "host": m["host"]["hostname"],
+                "files": m["files"].as_array().map_or(0, |f| f.len()),
+                "size": size,
+            }));
+        }
+    }
+    Err("the checkpoint holds no chalk.manifest.json".into())
+}
+
+pub fn to_json(s: &Snapshot) -> Value {
+    json!({
+        "id": if s.digest.is_empty() { Value::Null } else { s.digest.clone().into() },
+        "name": s.name,
+        "sandbox_id": s.sandbox_id,
+        "status": s.status.as_str(),
+        "created": s.created,
+        "error": s.error,
+        "base_image": s.base_image,
+        "labels": s.labels,
+    })
+}
+
+/// Seconds since `started`, for progress lines.
+pub fn elapsed(started: Instant) -> String {
+    format!("{:.2}s", started.elapsed().as_secs_f64())
+}
