@@ -108,9 +108,11 @@ impl Env {
 
     /// Kills, deletes the task and removes the container; errors ignored (best effort).
     fn remove(&self, id: &str) {
-        self.ctr(&["task", "kill", "-a", "-s", "SIGKILL", id]);
-        let _ = self.wait_status(id, "STOPPED", Duration::from_secs(10));
-        self.ctr(&["task", "delete", id]);
+        if self.task_status(id).is_some() {
+            self.ctr(&["task", "kill", "-a", "-s", "SIGKILL", id]);
+            let _ = self.wait_status(id, "STOPPED", Duration::from_secs(10));
+            self.ctr(&["task", "delete", id]);
+        }
         self.ctr(&["containers", "rm", id]);
     }
 

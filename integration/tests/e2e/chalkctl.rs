@@ -29,7 +29,8 @@ impl Env {
 
 pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
     let (src, fork) = ("ctl-src", "ctl-fork");
-    for id in [src, fork] {
+    let forks = ["ctl-f-1", "ctl-f-2", "ctl-f-3", "ctl-g-1", "ctl-g-2"];
+    for id in [src, fork].iter().chain(&forks) {
         e.remove(id);
     }
     let result = (|| {
@@ -86,6 +87,51 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
         let files = e.sh(fork, "files", "cat /workspace/notes.txt");
         ensure!(files.stdout == "hello\n", "fork's files: {files:?}");
 
+        // fork --count 3: three running sandboxes carrying on from the snapshot.
+        let out = e.chalkctl_json(&[
+            "fork",
+            "--snapshot-id",
+            &ids[1],
+            "--id",
+            "ctl-f",
+            "--count",
+            "3",
+        ])?;
+        for f in &forks[..3] {
+            ensure!(out.to_string().contains(f), "fork output lacks {f}: {out}");
+            ensure!(
+                e.task_status(f).as_deref() == Some("RUNNING"),
+                "{f} is {:?}",
+                e.task_status(f)
+            );
+            let files = e.sh(f, "files", "cat /workspace/notes.txt");
+            ensure!(files.stdout == "hello\n", "{f}'s files: {files:?}");
+        }
+        // Each fork on its own: one that cannot be made does not undo the other.
+        let taken = e.ctr(&["containers", "create", IMAGE, "ctl-g-1", "true"]);
+        ensure!(taken.code == 0, "{taken:?}");
+        let out = e.chalkctl(&[
+            "-o",
+            "json",
+            "fork",
+            "--snapshot-id",
+            &ids[1],
+            "--id",
+            "ctl-g",
+            "--count",
+            "2",
+        ]);
+        ensure!(
+            out.code != 0 && out.stderr.contains("1 of 2 forks failed"),
+            "{out:?}"
+        );
+        ensure!(
+            e.task_status("ctl-g-2").as_deref() == Some("RUNNING"),
+            "the second fork did not survive the first's failure: {out:?}"
+        );
+        let bad = e.chalkctl(&["fork", "--snapshot-id", "sha256:000000000000"]);
+        ensure!(bad.code != 0 && bad.stderr.contains("not found"), "{bad:?}");
+
         // delete removes the record only.
         let del = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &ids[0]]);
         ensure!(del.code == 0, "delete: {del:?}");
@@ -127,10 +173,12 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
         }
         Ok(())
     })();
-    for id in [src, fork] {
+    for id in [src, fork].iter().chain(&forks) {
         e.remove(id);
     }
     result?;
-    e.assert_clean(src)?;
-    e.assert_clean(fork)
+    for id in [src, fork].iter().chain(&forks) {
+        e.assert_clean(id)?;
+    }
+    Ok(())
 }

@@ -6,12 +6,21 @@ use std::collections::HashMap;
 
 use containerd_client::{
     services::v1::{
-        container::Runtime, containers_client::ContainersClient, content_client::ContentClient,
-        images_client::ImagesClient, leases_client::LeasesClient, tasks_client::TasksClient,
-        CheckpointTaskRequest, Container, CreateImageRequest, CreateRequest as CreateLease,
-        DeleteImageRequest, DeleteRequest as DeleteLease, GetContainerRequest, GetImageRequest,
-        Image, ListContainersRequest, ListImagesRequest, ReadContentRequest,
-        UpdateContainerRequest, UpdateImageRequest, WriteAction, WriteContentRequest,
+        container::Runtime,
+        containers_client::ContainersClient,
+        content_client::ContentClient,
+        images_client::ImagesClient,
+        leases_client::LeasesClient,
+        snapshots::{
+            snapshots_client::SnapshotsClient, MountsRequest, PrepareSnapshotRequest,
+            RemoveSnapshotRequest,
+        },
+        tasks_client::TasksClient,
+        CheckpointTaskRequest, Container, CreateContainerRequest, CreateImageRequest,
+        CreateRequest as CreateLease, CreateTaskRequest, DeleteContainerRequest,
+        DeleteImageRequest, DeleteRequest as DeleteLease, DeleteTaskRequest, GetContainerRequest,
+        GetImageRequest, Image, ListContainersRequest, ListImagesRequest, ReadContentRequest,
+        StartRequest, UpdateContainerRequest, UpdateImageRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
     types::Descriptor,
@@ -292,6 +301,88 @@ impl Client {
 impl Drop for Client {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+impl Client {
+    /// A new snapshot `key` of `snapshotter` on top of `parent` (an image's chain id).
+    pub fn prepare_snapshot(&self, snapshotter: &str, key: &str, parent: &str) -> Result<()> {
+        let req = self.req(PrepareSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+            parent: parent.to_string(),
+            labels: HashMap::new(),
+        });
+        self.rt
+            .block_on(SnapshotsClient::new(self.channel.clone()).prepare(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("prepare the root filesystem of {key}"), e))
+    }
+
+    pub fn remove_snapshot(&self, snapshotter: &str, key: &str) {
+        let req = self.req(RemoveSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+        });
+        let _ = self
+            .rt
+            .block_on(SnapshotsClient::new(self.channel.clone()).remove(req));
+    }
+
+    pub fn create_container(&self, c: Container) -> Result<()> {
+        let id = c.id.clone();
+        let req = self.req(CreateContainerRequest { container: Some(c) });
+        self.rt
+            .block_on(ContainersClient::new(self.channel.clone()).create(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("create sandbox {id}"), e))
+    }
+
+    pub fn delete_container(&self, id: &str) {
+        let req = self.req(DeleteContainerRequest { id: id.to_string() });
+        let _ = self
+            .rt
+            .block_on(ContainersClient::new(self.channel.clone()).delete(req));
+    }
+
+    /// Creates the task of container `c` from `checkpoint` and starts it: its pid.
+    pub fn restore_task(&self, c: &Container, checkpoint: &Descriptor) -> Result<u32> {
+        let req = self.req(MountsRequest {
+            snapshotter: c.snapshotter.clone(),
+            key: c.snapshot_key.clone(),
+        });
+        let mounts = self
+            .rt
+            .block_on(SnapshotsClient::new(self.channel.clone()).mounts(req))
+            .map_err(|e| describe(&format!("root filesystem of {}", c.id), e))?
+            .into_inner()
+            .mounts;
+        let req = self.req(CreateTaskRequest {
+            container_id: c.id.clone(),
+            rootfs: mounts,
+            checkpoint: Some(checkpoint.clone()),
+            ..Default::default()
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).create(req))
+            .map_err(|e| describe(&format!("restore {}", c.id), e))?;
+        let req = self.req(StartRequest {
+            container_id: c.id.clone(),
+            exec_id: String::new(),
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).start(req))
+            .map(|r| r.into_inner().pid)
+            .map_err(|e| describe(&format!("start {}", c.id), e))
+    }
+
+    pub fn delete_task(&self, id: &str) {
+        let req = self.req(DeleteTaskRequest {
+            container_id: id.to_string(),
+        });
+        let _ = self
+            .rt
+            .block_on(TasksClient::new(self.channel.clone()).delete(req));
     }
 }
 

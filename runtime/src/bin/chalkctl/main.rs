@@ -2,6 +2,7 @@
 //! (`--address`/`CONTAINERD_ADDRESS`, `--namespace`/`CONTAINERD_NAMESPACE`).
 
 mod client;
+mod fork;
 mod snapshots;
 
 use std::{process::ExitCode, time::Instant};
@@ -54,6 +55,16 @@ enum Command {
     /// The snapshot registry.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// New running sandboxes from a snapshot, each reported on its own.
+    Fork {
+        #[arg(long)]
+        snapshot_id: String,
+        /// The new sandbox's id (with --count N: ID-1 .. ID-N).
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -177,6 +188,50 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 "items": page.items.iter().map(snapshots::to_json).collect::<Vec<_>>(),
                 "next_cursor": page.next_cursor,
             }))
+        }
+        Command::Fork {
+            snapshot_id,
+            id,
+            count,
+        } => {
+            let started = Instant::now();
+            let forks = fork::fork(&mut client, snapshot_id, id.as_deref(), *count)?;
+            let failed = forks.iter().filter(|f| f.pid.is_err()).count();
+            if table {
+                println!("{:<40} {:<10} {:<10} ERROR", "SANDBOX", "PID", "TIME");
+                for f in &forks {
+                    let (pid, err) = match &f.pid {
+                        Ok(pid) => (pid.to_string(), String::new()),
+                        Err(e) => ("-".to_string(), e.clone()),
+                    };
+                    println!(
+                        "{:<40} {pid:<10} {:<10} {err}",
+                        f.id,
+                        format!("{}ms", f.elapsed_ms)
+                    );
+                }
+                eprintln!(
+                    "{} of {} forks running, in {}",
+                    forks.len() - failed,
+                    forks.len(),
+                    snapshots::elapsed(started)
+                );
+            }
+            let out = json!({
+                "forks": forks.iter().map(|f| json!({
+                    "id": f.id,
+                    "pid": f.pid.as_ref().ok(),
+                    "error": f.pid.as_ref().err(),
+                    "elapsed_ms": f.elapsed_ms,
+                })).collect::<Vec<_>>(),
+            });
+            if failed > 0 {
+                if cli.output == Output::Json {
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                }
+                return Err(format!("{failed} of {} forks failed", forks.len()));
+            }
+            Ok(out)
         }
         Command::Snapshot(SnapshotCommand::Delete { snapshot_id }) => {
             let snap = snapshots::find(&client, snapshot_id)?;
