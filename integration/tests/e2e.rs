@@ -1064,6 +1064,10 @@ fn main() {
             "chalkctl_snapshot_registry",
             chalkctl::chalkctl_snapshot_registry,
         ),
+        (
+            "chalkctl_suspend_and_resume",
+            chalkctl::chalkctl_suspend_and_resume,
+        ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.
     let optional: &[(&str, &str, Case)] = &[(

@@ -182,3 +182,68 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
     }
     Ok(())
 }
+
+pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
+    let id = "ctl-susp";
+    e.remove(id);
+    let result = (|| {
+        e.run_detached(id, &["sh", "-c", snapshots::COUNTER])?;
+        std::thread::sleep(Duration::from_millis(500));
+        let before: u64 = e
+            .sh(id, "count", "cat /tmp/count")
+            .stdout
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        let out = e.chalkctl_json(&["suspend", "--id", id])?;
+        ensure!(out["status"] == "suspended", "suspend: {out}");
+        let snapshot = out["snapshot"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        // Compute released: no task, no runsc process.
+        ensure!(
+            e.task_status(id).is_none(),
+            "suspended {id} still has a task"
+        );
+        let procs: Vec<String> = e
+            .leftovers(id)
+            .into_iter()
+            .filter(|l| l.starts_with("process"))
+            .collect();
+        ensure!(procs.is_empty(), "suspended {id} still runs: {procs:?}");
+        // Its snapshot cannot go while it is needed.
+        let del = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+        ensure!(
+            del.code != 0 && del.stderr.contains(id) && del.stderr.contains("resume"),
+            "delete of a needed snapshot: {del:?}"
+        );
+        let out = e.chalkctl_json(&["resume", "--id", id])?;
+        ensure!(out["status"] == "running", "resume: {out}");
+        ensure!(
+            e.task_status(id).as_deref() == Some("RUNNING"),
+            "resumed {id} is not running"
+        );
+        let after: u64 = e
+            .sh(id, "count2", "cat /tmp/count")
+            .stdout
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        ensure!(
+            after >= before && before > 0,
+            "counter went from {before} to {after}"
+        );
+        let again = e.chalkctl(&["resume", "--id", id]);
+        ensure!(
+            again.code != 0 && again.stderr.contains("not suspended"),
+            "{again:?}"
+        );
+        let del = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+        ensure!(del.code == 0, "delete once resumed: {del:?}");
+        Ok(())
+    })();
+    e.remove(id);
+    result?;
+    e.assert_clean(id)
+}

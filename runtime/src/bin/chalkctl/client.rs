@@ -145,6 +145,25 @@ impl Client {
             .map_err(|e| describe(&format!("update sandbox {id}"), e))
     }
 
+    /// Sets (Some) or removes (None) label `key` on the container record.
+    pub fn set_container_label(&self, id: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let mut c = self.container(id)?;
+        match value {
+            Some(v) => c.labels.insert(key.to_string(), v.to_string()),
+            None => c.labels.remove(key),
+        };
+        let req = self.req(UpdateContainerRequest {
+            container: Some(c),
+            update_mask: Some(prost_types::FieldMask {
+                paths: vec!["labels".into()],
+            }),
+        });
+        self.rt
+            .block_on(ContainersClient::new(self.channel.clone()).update(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("label sandbox {id}"), e))
+    }
+
     pub fn containers(&self) -> Result<Vec<Container>> {
         let req = self.req(ListContainersRequest::default());
         Ok(self

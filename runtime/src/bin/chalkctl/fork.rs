@@ -28,8 +28,8 @@ pub struct Forked {
 }
 
 /// What a snapshot's index holds for a restore.
-struct Parts {
-    checkpoint: Descriptor,
+pub(crate) struct Parts {
+    pub checkpoint: Descriptor,
     spec: prost_types::Any,
     snapshotter: String,
     image: String,
@@ -50,7 +50,7 @@ fn read_json(client: &Client, digest: &str) -> Result<Value> {
     serde_json::from_slice(&client.read_blob(digest)?).map_err(|e| format!("{digest}: {e}"))
 }
 
-fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
+pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
     let index = read_json(client, index_digest)?;
     let manifests: Vec<&Value> = index["manifests"]
         .as_array()
@@ -207,6 +207,19 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
     };
     client.create_container(container.clone())?;
     client.restore_task(&container, &p.checkpoint)
+}
+
+/// Brings suspended sandbox `id` back under the same id from the snapshot it records.
+pub fn resume(client: &mut Client, id: &str) -> Result<(String, u32)> {
+    let container = client.container(id)?;
+    let Some(digest) = container.labels.get(snapshots::SUSPENDED_FROM).cloned() else {
+        return Err(format!("sandbox {id} is not suspended"));
+    };
+    let p = parts(client, &digest)?;
+    client.lease(&format!("chalkctl-resume-{id}"))?;
+    let pid = client.restore_task(&container, &p.checkpoint)?;
+    client.set_container_label(id, snapshots::SUSPENDED_FROM, None)?;
+    Ok((digest, pid))
 }
 
 #[cfg(test)]

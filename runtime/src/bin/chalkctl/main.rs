@@ -65,6 +65,16 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         count: usize,
     },
+    /// Checkpoint a sandbox, then release its compute; it reads `suspended`.
+    Suspend {
+        #[arg(long)]
+        id: String,
+    },
+    /// The same sandbox id running again from where it was suspended.
+    Resume {
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -134,7 +144,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
             if table {
                 eprintln!("snapshotting {id} ...");
             }
-            let snap = snapshots::create(&mut client, id, labels.clone())?;
+            let snap = snapshots::create(&mut client, id, labels.clone(), false)?;
             if table {
                 eprintln!("done in {}", snapshots::elapsed(started));
                 println!("{}", snap.digest);
@@ -232,6 +242,34 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 return Err(format!("{failed} of {} forks failed", forks.len()));
             }
             Ok(out)
+        }
+        Command::Suspend { id } => {
+            let started = Instant::now();
+            if table {
+                eprintln!("suspending {id} ...");
+            }
+            let snap = snapshots::create(&mut client, id, Vec::new(), true)?;
+            if table {
+                eprintln!("suspended in {}", snapshots::elapsed(started));
+                println!("{}", snap.digest);
+            }
+            let mut out = snapshots::to_json(&snap);
+            out["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
+            Ok(json!({"id": id, "status": "suspended", "snapshot": out}))
+        }
+        Command::Resume { id } => {
+            let started = Instant::now();
+            let (snapshot, pid) = fork::resume(&mut client, id)?;
+            if table {
+                println!(
+                    "{id} running again (pid {pid}) in {}",
+                    snapshots::elapsed(started)
+                );
+            }
+            Ok(
+                json!({"id": id, "status": "running", "pid": pid, "snapshot": snapshot,
+                      "elapsed_ms": started.elapsed().as_millis() as u64}),
+            )
         }
         Command::Snapshot(SnapshotCommand::Delete { snapshot_id }) => {
             let snap = snapshots::find(&client, snapshot_id)?;

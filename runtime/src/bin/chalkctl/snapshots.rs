@@ -25,8 +25,15 @@ pub fn now() -> String {
     format!("{}.{:03}Z", secs.trim_end_matches('Z'), d.subsec_millis())
 }
 
-/// Snapshots sandbox `id` (which keeps running) and returns the completed snapshot.
-pub fn create(client: &mut Client, id: &str, labels: Vec<(String, String)>) -> Result<Snapshot> {
+/// Snapshots sandbox `id` and returns the completed snapshot. The sandbox keeps running,
+/// unless `suspend`: then it stops after the checkpoint, its task is removed (no runsc
+/// process is left) and its record names the snapshot it resumes from.
+pub fn create(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    suspend: bool,
+) -> Result<Snapshot> {
     let container = client.container(id)?;
     if runtime_name(&container) != RUNTIME {
         return Err(format!(
@@ -59,12 +66,23 @@ pub fn create(client: &mut Client, id: &str, labels: Vec<(String, String)>) -> R
     // The record exists from the start, so `list` shows it in progress; it points at the
     // base image until the checkpoint is stored.
     client.create_image(record(&snap, base_target.clone()))?;
-    let outcome = checkpoint_index(client, id, &created, &container.image, &base_target);
+    let outcome = checkpoint_index(
+        client,
+        id,
+        &created,
+        &container.image,
+        &base_target,
+        suspend,
+    );
     match outcome {
         Ok(index) => {
             snap.status = Status::Completed;
             snap.digest = index.digest.clone();
             client.update_image(record(&snap, index))?;
+            if suspend {
+                client.set_container_label(id, SUSPENDED_FROM, Some(&snap.digest))?;
+                client.delete_task(id);
+            }
             Ok(snap)
         }
         Err(e) => {
@@ -94,10 +112,11 @@ fn checkpoint_index(
     created: &str,
     image: &str,
     base: &Descriptor,
+    exit: bool,
 ) -> Result<Descriptor> {
     let container = client.container(id)?;
     client.mark_spec(&container, CHECKPOINT_ANNOTATION, created)?;
-    let descriptors = client.checkpoint(id, false)?;
+    let descriptors = client.checkpoint(id, exit)?;
     let platform = json!({"os": "linux", "architecture": oci_arch()});
     let mut manifests: Vec<Value> = descriptors
         .iter()
