@@ -30,11 +30,11 @@ fn check(out: &chalk_integration::CtrOutput, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `ctr run --rm` of a shell command in a new sandbox.
-fn run_rm(c: &Containerd, id: &str, script: &str) -> chalk_integration::CtrOutput {
+/// `ctr run MODE` (`--rm` or `-d`) of a shell command in a new sandbox.
+fn run_sh(c: &Containerd, mode: &str, id: &str, script: &str) -> chalk_integration::CtrOutput {
     c.ctr([
         "run",
-        "--rm",
+        mode,
         "--runtime",
         RUNTIME,
         IMAGE,
@@ -45,22 +45,12 @@ fn run_rm(c: &Containerd, id: &str, script: &str) -> chalk_integration::CtrOutpu
     ])
 }
 
-/// `ctr run -d` of a shell command in a new sandbox.
+fn run_rm(c: &Containerd, id: &str, script: &str) -> chalk_integration::CtrOutput {
+    run_sh(c, "--rm", id, script)
+}
+
 fn run_detached(c: &Containerd, id: &str, script: &str) -> Result<(), String> {
-    check(
-        &c.ctr([
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            id,
-            "sh",
-            "-c",
-            script,
-        ]),
-        "run -d",
-    )
+    check(&run_sh(c, "-d", id, script), "run -d")
 }
 
 fn count(c: &Containerd, id: &str) -> Result<String, String> {

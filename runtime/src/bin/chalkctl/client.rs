@@ -133,16 +133,22 @@ impl Client {
         }
         parsed["annotations"][key] = value.into();
         spec.value = serde_json::to_vec(&parsed).map_err(|e| e.to_string())?;
+        self.update_container(c, "spec")
+    }
+
+    /// Writes `field` of container record `c` back to containerd.
+    fn update_container(&self, c: Container, field: &str) -> Result<()> {
+        let id = c.id.clone();
         let req = self.req(UpdateContainerRequest {
             container: Some(c),
             update_mask: Some(prost_types::FieldMask {
-                paths: vec!["spec".into()],
+                paths: vec![field.into()],
             }),
         });
         self.rt
             .block_on(ContainersClient::new(self.channel.clone()).update(req))
             .map(drop)
-            .map_err(|e| describe(&format!("update sandbox {id}"), e))
+            .map_err(|e| describe(&format!("update the {field} of sandbox {id}"), e))
     }
 
     /// Sets (Some) or removes (None) label `key` on the container record.
@@ -152,16 +158,7 @@ impl Client {
             Some(v) => c.labels.insert(key.to_string(), v.to_string()),
             None => c.labels.remove(key),
         };
-        let req = self.req(UpdateContainerRequest {
-            container: Some(c),
-            update_mask: Some(prost_types::FieldMask {
-                paths: vec!["labels".into()],
-            }),
-        });
-        self.rt
-            .block_on(ContainersClient::new(self.channel.clone()).update(req))
-            .map(drop)
-            .map_err(|e| describe(&format!("label sandbox {id}"), e))
+        self.update_container(c, "labels")
     }
 
     pub fn containers(&self) -> Result<Vec<Container>> {
