@@ -59,7 +59,16 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
         let cursor = first["next_cursor"]
             .as_str()
             .ok_or("no cursor after page 1")?;
-        let second = e.chalkctl_json(&["snapshot", "list", "--limit", "2", "--cursor", cursor])?;
+        let second = e.chalkctl_json(&[
+            "snapshot",
+            "list",
+            "--sandbox-id",
+            src,
+            "--limit",
+            "2",
+            "--cursor",
+            cursor,
+        ])?;
         let items = second["items"].as_array().cloned().unwrap_or_default();
         ensure!(
             items.len() == 1
@@ -212,6 +221,20 @@ pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
             .filter(|l| l.starts_with("process"))
             .collect();
         ensure!(procs.is_empty(), "suspended {id} still runs: {procs:?}");
+        // It reads suspended, and only `list --all` shows it.
+        let got = e.chalkctl_json(&["get", "--id", id])?;
+        ensure!(got["status"] == "suspended", "get: {got}");
+        ensure!(
+            got["snapshots"].as_array().map(Vec::len) == Some(1),
+            "get: {got}"
+        );
+        let listed = e.chalkctl_json(&["list"])?.to_string();
+        ensure!(
+            !listed.contains(id),
+            "list shows the suspended sandbox: {listed}"
+        );
+        let listed = e.chalkctl_json(&["list", "--all"])?.to_string();
+        ensure!(listed.contains(id), "list --all misses it: {listed}");
         // Its snapshot cannot go while it is needed.
         let del = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
         ensure!(
@@ -223,6 +246,13 @@ pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
         ensure!(
             e.task_status(id).as_deref() == Some("RUNNING"),
             "resumed {id} is not running"
+        );
+        let got = e.chalkctl_json(&["get", "--id", id])?;
+        ensure!(got["status"] == "running", "get after resume: {got}");
+        let missing = e.chalkctl(&["get", "--id", "no-such-sandbox"]);
+        ensure!(
+            missing.code != 0 && missing.stderr.contains("not found"),
+            "{missing:?}"
         );
         let after: u64 = e
             .sh(id, "count2", "cat /tmp/count")

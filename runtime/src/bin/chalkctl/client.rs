@@ -19,8 +19,9 @@ use containerd_client::{
         CheckpointTaskRequest, Container, CreateContainerRequest, CreateImageRequest,
         CreateRequest as CreateLease, CreateTaskRequest, DeleteContainerRequest,
         DeleteImageRequest, DeleteRequest as DeleteLease, DeleteTaskRequest, GetContainerRequest,
-        GetImageRequest, Image, ListContainersRequest, ListImagesRequest, ReadContentRequest,
-        StartRequest, UpdateContainerRequest, UpdateImageRequest, WriteAction, WriteContentRequest,
+        GetImageRequest, GetRequest as GetTaskRequest, Image, ListContainersRequest,
+        ListImagesRequest, ReadContentRequest, StartRequest, UpdateContainerRequest,
+        UpdateImageRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
     types::Descriptor,
@@ -390,6 +391,27 @@ impl Client {
             .block_on(TasksClient::new(self.channel.clone()).start(req))
             .map(|r| r.into_inner().pid)
             .map_err(|e| describe(&format!("start {}", c.id), e))
+    }
+
+    /// The task's status (`running`, `paused`, `created`, `stopped`) and pid; None without
+    /// a task.
+    pub fn task_status(&self, id: &str) -> Result<Option<(String, u32)>> {
+        let req = self.req(GetTaskRequest {
+            container_id: id.to_string(),
+            exec_id: String::new(),
+        });
+        match self
+            .rt
+            .block_on(TasksClient::new(self.channel.clone()).get(req))
+        {
+            Ok(resp) => Ok(resp.into_inner().process.map(|p| {
+                let status = containerd_client::types::v1::Status::try_from(p.status)
+                    .map_or("unknown".to_string(), |s| s.as_str_name().to_lowercase());
+                (status, p.pid)
+            })),
+            Err(e) if e.code() == Code::NotFound => Ok(None),
+            Err(e) => Err(describe(&format!("task of {id}"), e)),
+        }
     }
 
     pub fn delete_task(&self, id: &str) {

@@ -3,6 +3,7 @@
 
 mod client;
 mod fork;
+mod sandboxes;
 mod snapshots;
 
 use std::{process::ExitCode, time::Instant};
@@ -64,6 +65,16 @@ enum Command {
         id: Option<String>,
         #[arg(long, default_value_t = 1)]
         count: usize,
+    },
+    /// Sandboxes of this runtime with their status and snapshots (stopped ones with --all).
+    List {
+        #[arg(long)]
+        all: bool,
+    },
+    /// One sandbox: status, image, and its snapshots.
+    Get {
+        #[arg(long)]
+        id: String,
     },
     /// Checkpoint a sandbox, then release its compute; it reads `suspended`.
     Suspend {
@@ -242,6 +253,35 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 return Err(format!("{failed} of {} forks failed", forks.len()));
             }
             Ok(out)
+        }
+        Command::List { all } => {
+            let sandboxes = sandboxes::list(&client, *all)?;
+            if table {
+                println!(
+                    "{:<32} {:<10} {:<8} {:<10} IMAGE",
+                    "SANDBOX", "STATUS", "PID", "SNAPSHOTS"
+                );
+                for s in &sandboxes {
+                    println!(
+                        "{:<32} {:<10} {:<8} {:<10} {}",
+                        s["id"].as_str().unwrap_or_default(),
+                        s["status"].as_str().unwrap_or_default(),
+                        plain(&s["pid"]),
+                        s["snapshots"].as_array().map_or(0, Vec::len),
+                        s["image"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(json!({"sandboxes": sandboxes}))
+        }
+        Command::Get { id } => {
+            let s = sandboxes::get(&client, id)?;
+            if table {
+                for (k, v) in s.as_object().into_iter().flatten() {
+                    println!("{k:<10} {}", plain(v));
+                }
+            }
+            Ok(s)
         }
         Command::Suspend { id } => {
             let started = Instant::now();
