@@ -196,7 +196,9 @@ pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
     let id = "ctl-susp";
     e.remove(id);
     let result = (|| {
-        e.run_detached(id, &["sh", "-c", snapshots::COUNTER])?;
+        // Made by chalkctl itself this time.
+        let ran = e.chalkctl_json(&["run", IMAGE, id, "--", "sh", "-c", snapshots::COUNTER])?;
+        ensure!(ran["status"] == "running", "run: {ran}");
         std::thread::sleep(Duration::from_millis(500));
         let before: u64 = e
             .sh(id, "count", "cat /tmp/count")

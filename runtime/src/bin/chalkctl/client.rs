@@ -362,8 +362,8 @@ impl Client {
             .block_on(ContainersClient::new(self.channel.clone()).delete(req));
     }
 
-    /// Creates the task of container `c` from `checkpoint` and starts it: its pid.
-    pub fn restore_task(&self, c: &Container, checkpoint: &Descriptor) -> Result<u32> {
+    /// Creates the task of container `c` (from `checkpoint`, if given) and starts it: its pid.
+    pub fn start_task(&self, c: &Container, checkpoint: Option<&Descriptor>) -> Result<u32> {
         let req = self.req(MountsRequest {
             snapshotter: c.snapshotter.clone(),
             key: c.snapshot_key.clone(),
@@ -377,12 +377,12 @@ impl Client {
         let req = self.req(CreateTaskRequest {
             container_id: c.id.clone(),
             rootfs: mounts,
-            checkpoint: Some(checkpoint.clone()),
+            checkpoint: checkpoint.cloned(),
             ..Default::default()
         });
         self.rt
             .block_on(TasksClient::new(self.channel.clone()).create(req))
-            .map_err(|e| describe(&format!("restore {}", c.id), e))?;
+            .map_err(|e| describe(&format!("create the task of {}", c.id), e))?;
         let req = self.req(StartRequest {
             container_id: c.id.clone(),
             exec_id: String::new(),

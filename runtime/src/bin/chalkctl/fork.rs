@@ -82,7 +82,7 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
             .to_string()
     };
     Ok(Parts {
-        chain_id: chain_id(client, &base)?,
+        chain_id: image_config(client, &base)?.1,
         checkpoint,
         spec,
         snapshotter: note("io.containerd.checkpoint.snapshotter"),
@@ -91,10 +91,10 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
     })
 }
 
-/// The chain id of an image's root filesystem (its unpacked snapshot's name), from its
-/// manifest (or this platform's manifest in an index).
-fn chain_id(client: &Client, base: &Descriptor) -> Result<String> {
-    let mut manifest = read_json(client, &base.digest)?;
+/// An image's config (for this platform's manifest when the image is an index) and the
+/// chain id of its root filesystem (the name of its unpacked snapshot).
+pub(crate) fn image_config(client: &Client, target: &Descriptor) -> Result<(Value, String)> {
+    let mut manifest = read_json(client, &target.digest)?;
     if manifest["manifests"].is_array() {
         let arch = match std::env::consts::ARCH {
             "x86_64" => "amd64",
@@ -107,13 +107,13 @@ fn chain_id(client: &Client, base: &Descriptor) -> Result<String> {
             .flatten()
             .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
             .and_then(|m| m["digest"].as_str())
-            .ok_or_else(|| format!("image {} has no linux/{arch} manifest", base.digest))?
+            .ok_or_else(|| format!("image {} has no linux/{arch} manifest", target.digest))?
             .to_string();
         manifest = read_json(client, &digest)?;
     }
     let config_digest = manifest["config"]["digest"]
         .as_str()
-        .ok_or("the base image's manifest has no config")?;
+        .ok_or("the image's manifest has no config")?;
     let config = read_json(client, config_digest)?;
     let diff_ids: Vec<&str> = config["rootfs"]["diff_ids"]
         .as_array()
@@ -123,7 +123,7 @@ fn chain_id(client: &Client, base: &Descriptor) -> Result<String> {
         .collect();
     let mut chain = diff_ids
         .first()
-        .ok_or("the base image has no layers")?
+        .ok_or("the image has no layers")?
         .to_string();
     for diff in &diff_ids[1..] {
         chain = format!(
@@ -131,7 +131,7 @@ fn chain_id(client: &Client, base: &Descriptor) -> Result<String> {
             sha256_hex(format!("{chain} {diff}").as_bytes())
         );
     }
-    Ok(chain)
+    Ok((config, chain))
 }
 
 /// The ids of `count` forks: `id` for one, `id-1`.. for several; `<sandbox>-fork-<time>` by
@@ -206,7 +206,7 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
         ..Default::default()
     };
     client.create_container(container.clone())?;
-    client.restore_task(&container, &p.checkpoint)
+    client.start_task(&container, Some(&p.checkpoint))
 }
 
 /// Brings suspended sandbox `id` back under the same id from the snapshot it records.
@@ -217,7 +217,7 @@ pub fn resume(client: &mut Client, id: &str) -> Result<(String, u32)> {
     };
     let p = parts(client, &digest)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
-    let pid = client.restore_task(&container, &p.checkpoint)?;
+    let pid = client.start_task(&container, Some(&p.checkpoint))?;
     client.set_container_label(id, snapshots::SUSPENDED_FROM, None)?;
     Ok((digest, pid))
 }

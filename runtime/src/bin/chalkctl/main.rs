@@ -3,6 +3,7 @@
 
 mod client;
 mod fork;
+mod run;
 mod sandboxes;
 mod snapshots;
 
@@ -53,6 +54,17 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a sandbox of this runtime (no stdio): to try things with.
+    Run {
+        image: String,
+        id: String,
+        /// The snapshotter the image is unpacked for.
+        #[arg(long, default_value = "overlayfs")]
+        snapshotter: String,
+        /// The command, replacing the image's (after --).
+        #[arg(last = true)]
+        cmd: Vec<String>,
+    },
     /// The snapshot registry.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
@@ -253,6 +265,23 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 return Err(format!("{failed} of {} forks failed", forks.len()));
             }
             Ok(out)
+        }
+        Command::Run {
+            image,
+            id,
+            snapshotter,
+            cmd,
+        } => {
+            let started = Instant::now();
+            let pid = run::run(&mut client, image, id, snapshotter, cmd)?;
+            if table {
+                println!(
+                    "{id} running (pid {pid}) in {}",
+                    snapshots::elapsed(started)
+                );
+            }
+            Ok(json!({"id": id, "status": "running", "pid": pid,
+                      "elapsed_ms": started.elapsed().as_millis() as u64}))
         }
         Command::List { all } => {
             let sandboxes = sandboxes::list(&client, *all)?;

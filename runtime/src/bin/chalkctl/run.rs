@@ -1,0 +1,168 @@
+//! `chalkctl run IMAGE ID [-- CMD...]`: a sandbox of this runtime, to try things with. It
+//! gets containerd's usual defaults (those of `ctr run`) and no stdio.
+
+use std::collections::HashMap;
+
+use containerd_client::services::v1::{container::Runtime, Container};
+use serde_json::{json, Value};
+
+use crate::{
+    client::{Client, Result},
+    fork::image_config,
+    snapshots::RUNTIME,
+};
+
+const SPEC_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+
+/// The capabilities containerd gives a container by default.
+const DEFAULT_CAPS: [&str; 14] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The OCI spec for `id` from the image `config` (its `config` section: Entrypoint, Cmd, Env,
+/// WorkingDir), with `cmd` replacing the image's Cmd when given.
+pub fn spec(id: &str, config: &Value, cmd: &[String]) -> Result<Value> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(String::from))
+            .collect()
+    };
+    let c = &config["config"];
+    let mut args = strings(&c["Entrypoint"]);
+    if cmd.is_empty() {
+        args.extend(strings(&c["Cmd"]));
+    } else {
+        args.extend(cmd.iter().cloned());
+    }
+    if args.is_empty() {
+        return Err("the image names no command: give one after --".into());
+    }
+    let mut env = strings(&c["Env"]);
+    if !env.iter().any(|e| e.starts_with("PATH=")) {
+        env.push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    }
+    let cwd = c["WorkingDir"]
+        .as_str()
+        .filter(|w| !w.is_empty())
+        .unwrap_or("/");
+    let tmpfs = |dest: &str, source: &str, opts: &[&str]| json!({"destination": dest, "type": "tmpfs", "source": source, "options": opts});
+    Ok(json!({
+        "ociVersion": "1.1.0",
+        "root": {"path": "rootfs"},
+        "hostname": id,
+        "process": {
+            "user": {"uid": 0, "gid": 0},
+            "cwd": cwd,
+            "args": args,
+            "env": env,
+            "capabilities": {
+                "bounding": DEFAULT_CAPS, "permitted": DEFAULT_CAPS, "effective": DEFAULT_CAPS,
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true,
+        },
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc",
+             "options": ["nosuid", "noexec", "nodev"]},
+            tmpfs("/dev", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            tmpfs("/dev/shm", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            tmpfs("/run", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "network"},
+            ],
+            "maskedPaths": ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                            "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+                            "/sys/firmware", "/proc/scsi"],
+            "readonlyPaths": ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq",
+                              "/proc/sys", "/proc/sysrq-trigger"],
+        },
+    }))
+}
+
+/// Runs `cmd` (or the image's command) from `image` as sandbox `id`; returns its pid.
+pub fn run(
+    client: &mut Client,
+    image: &str,
+    id: &str,
+    snapshotter: &str,
+    cmd: &[String],
+) -> Result<u32> {
+    chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
+    let record = client.image(image)?;
+    let target = record
+        .target
+        .ok_or_else(|| format!("image {image} has no target"))?;
+    let (config, chain_id) = image_config(client, &target)?;
+    let spec = spec(id, &config, cmd)?;
+    client.lease(&format!("chalkctl-run-{id}"))?;
+    client
+        .prepare_snapshot(snapshotter, id, &chain_id)
+        .map_err(|e| {
+            format!("{e} (is {image} unpacked for {snapshotter}? `ctr images unpack` does it)")
+        })?;
+    let container = Container {
+        id: id.to_string(),
+        labels: HashMap::new(),
+        image: image.to_string(),
+        runtime: Some(Runtime {
+            name: RUNTIME.into(),
+            options: None,
+        }),
+        spec: Some(prost_types::Any {
+            type_url: SPEC_TYPE.into(),
+            value: serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
+        }),
+        snapshotter: snapshotter.to_string(),
+        snapshot_key: id.to_string(),
+        ..Default::default()
+    };
+    let started = client
+        .create_container(container.clone())
+        .and_then(|_| client.start_task(&container, None));
+    if started.is_err() {
+        client.delete_task(id);
+        client.delete_container(id);
+        client.remove_snapshot(snapshotter, id);
+    }
+    started
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_comes_from_the_image_unless_given() {
+        let config = json!({"config": {"Entrypoint": ["/bin/ep"], "Cmd": ["a"],
+                                       "Env": ["X=1"], "WorkingDir": "/w"}});
+        let s = spec("c1", &config, &[]).unwrap();
+        assert_eq!(s["process"]["args"], json!(["/bin/ep", "a"]));
+        assert_eq!(s["process"]["cwd"], "/w");
+        assert!(s["process"]["env"].to_string().contains("PATH="));
+        let s = spec("c1", &config, &["b".into()]).unwrap();
+        assert_eq!(s["process"]["args"], json!(["/bin/ep", "b"]));
+        assert!(spec("c1", &json!({}), &[]).is_err());
+    }
+}
