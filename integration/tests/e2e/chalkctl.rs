@@ -151,6 +151,25 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
             "delete touched the source"
         );
 
+        // --no-wait: the record is there at once, pending; a background chalkctl completes it.
+        let out = e.chalkctl_json(&["snapshot", "create", "--id", src, "--no-wait"])?;
+        ensure!(out["status"] == "pending", "--no-wait: {out}");
+        let name = out["name"].as_str().unwrap_or_default().to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = e.chalkctl_json(&["snapshot", "get", "--snapshot-id", &name])?;
+            if got["status"] == "completed" {
+                ensure!(got["manifest"]["kind"] == "snapshot", "{got}");
+                break;
+            }
+            ensure!(
+                got["status"] != "failed" && Instant::now() < deadline,
+                "the background snapshot did not complete: {got}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        e.chalkctl(&["snapshot", "delete", "--snapshot-id", &name]);
+
         // Failures are clear and non-zero.
         let missing = e.chalkctl(&["snapshot", "create", "--id", "no-such-sandbox"]);
         ensure!(

@@ -109,6 +109,16 @@ enum SnapshotCommand {
         /// A label to attach, key=value (repeatable).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Return at once with the pending snapshot's name; a background chalkctl takes the
+        /// checkpoint (follow it with `snapshot get`).
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Takes the checkpoint of a pending snapshot (what --no-wait starts in the background).
+    #[command(hide = true)]
+    Finish {
+        #[arg(long)]
+        name: String,
     },
     /// Status, source, creation time, labels and the manifest's main fields.
     Get {
@@ -162,7 +172,24 @@ fn run(cli: &Cli) -> Result<Value, String> {
     let mut client = Client::connect(&cli.address, &cli.namespace)?;
     let table = cli.output == Output::Table;
     match &cli.command {
-        Command::Snapshot(SnapshotCommand::Create { id, labels }) => {
+        Command::Snapshot(SnapshotCommand::Create {
+            id,
+            labels,
+            no_wait: true,
+        }) => {
+            let begun = snapshots::begin(&mut client, id, labels.clone(), Status::Pending)?;
+            spawn_finish(cli, &begun.snap.name)?;
+            if table {
+                println!("{} pending", begun.snap.name);
+            }
+            Ok(snapshots::to_json(&begun.snap))
+        }
+        Command::Snapshot(SnapshotCommand::Finish { name }) => {
+            let begun = snapshots::pending(&client, name)?;
+            let snap = snapshots::finish(&mut client, begun, false)?;
+            Ok(snapshots::to_json(&snap))
+        }
+        Command::Snapshot(SnapshotCommand::Create { id, labels, .. }) => {
             let started = Instant::now();
             if table {
                 eprintln!("snapshotting {id} ...");
@@ -349,6 +376,29 @@ fn run(cli: &Cli) -> Result<Value, String> {
             Ok(json!({"deleted": snapshots::to_json(&snap)}))
         }
     }
+}
+
+/// Starts `chalkctl snapshot finish` for record `name` in a session of its own, detached
+/// from this terminal, so the checkpoint goes on after this command returns.
+fn spawn_finish(cli: &Cli, name: &str) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().map_err(|e| format!("find chalkctl itself: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--address", &cli.address, "--namespace", &cli.namespace])
+        .args(["snapshot", "finish", "--name", name])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map(drop)
+        .map_err(|e| format!("start the background checkpoint of {name}: {e}"))
 }
 
 /// A JSON value as a table cell.

@@ -25,15 +25,22 @@ pub fn now() -> String {
     format!("{}.{:03}Z", secs.trim_end_matches('Z'), d.subsec_millis())
 }
 
-/// Snapshots sandbox `id` and returns the completed snapshot. The sandbox keeps running,
-/// unless `suspend`: then it stops after the checkpoint, its task is removed (no runsc
-/// process is left) and its record names the snapshot it resumes from.
-pub fn create(
+/// A snapshot whose record exists, before its checkpoint.
+pub struct Begun {
+    pub snap: Snapshot,
+    image: String,
+    base: Descriptor,
+}
+
+/// Checks sandbox `id` and makes the snapshot's record, with `status` (`pending` when the
+/// checkpoint is left to a background process, else `in_progress`). The record points at the
+/// base image until the checkpoint is stored, which also keeps that image alive.
+pub fn begin(
     client: &mut Client,
     id: &str,
     labels: Vec<(String, String)>,
-    suspend: bool,
-) -> Result<Snapshot> {
+    status: Status,
+) -> Result<Begun> {
     let container = client.container(id)?;
     if runtime_name(&container) != RUNTIME {
         return Err(format!(
@@ -46,52 +53,94 @@ pub fn create(
             "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
         ));
     }
-    let base = client.image(&container.image)?;
-    let base_target = base
+    let base = client
+        .image(&container.image)?
         .target
-        .clone()
         .ok_or_else(|| format!("image {} has no target", container.image))?;
     let created = now();
-    let mut snap = Snapshot {
+    let snap = Snapshot {
         name: registry::record_name(id, &created),
         digest: String::new(),
         sandbox_id: id.to_string(),
-        status: Status::InProgress,
-        created: created.clone(),
+        status,
+        created,
         error: None,
-        base_image: Some(format!("{}@{}", container.image, base_target.digest)),
+        base_image: Some(format!("{}@{}", container.image, base.digest)),
         labels: labels.into_iter().collect(),
     };
+    client.create_image(record(&snap, base.clone()))?;
+    Ok(Begun {
+        snap,
+        image: container.image,
+        base,
+    })
+}
+
+/// Picks up a `pending` snapshot by its record name (what `--no-wait` leaves behind).
+pub fn pending(client: &Client, name: &str) -> Result<Begun> {
+    let image = client.image(name)?;
+    let labels = image.labels.clone().into_iter().collect();
+    let base = image
+        .target
+        .ok_or_else(|| format!("snapshot {name} has no target"))?;
+    let snap = Snapshot::from_record(name, &base.digest, &labels)
+        .ok_or_else(|| format!("{name} is not a snapshot"))?;
+    if snap.status != Status::Pending {
+        return Err(format!("snapshot {name} is {}, not pending", snap.status));
+    }
+    let image = snap
+        .base_image
+        .as_deref()
+        .and_then(|b| b.rsplit_once('@'))
+        .map(|(name, _)| name.to_string())
+        .ok_or_else(|| format!("snapshot {name} names no base image"))?;
+    Ok(Begun { snap, image, base })
+}
+
+/// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
+/// with the error). With `suspend` the sandbox stops after the checkpoint, its task is removed
+/// (no runsc process is left) and its record names the snapshot it resumes from.
+pub fn finish(client: &mut Client, begun: Begun, suspend: bool) -> Result<Snapshot> {
+    let Begun {
+        mut snap,
+        image,
+        base,
+    } = begun;
+    let id = snap.sandbox_id.clone();
     client.lease(&format!("chalkctl-{}", snap.name.replace(['/', ':'], "-")))?;
-    // The record exists from the start, so `list` shows it in progress; it points at the
-    // base image until the checkpoint is stored.
-    client.create_image(record(&snap, base_target.clone()))?;
-    let outcome = checkpoint_index(
-        client,
-        id,
-        &created,
-        &container.image,
-        &base_target,
-        suspend,
-    );
-    match outcome {
+    if snap.status != Status::InProgress {
+        snap.status = Status::InProgress;
+        client.update_image(record(&snap, base.clone()))?;
+    }
+    match checkpoint_index(client, &id, &snap.created, &image, &base, suspend) {
         Ok(index) => {
             snap.status = Status::Completed;
             snap.digest = index.digest.clone();
             client.update_image(record(&snap, index))?;
             if suspend {
-                client.set_container_label(id, SUSPENDED_FROM, Some(&snap.digest))?;
-                client.delete_task(id);
+                client.set_container_label(&id, SUSPENDED_FROM, Some(&snap.digest))?;
+                client.delete_task(&id);
             }
             Ok(snap)
         }
         Err(e) => {
             snap.status = Status::Failed;
             snap.error = Some(e.clone());
-            client.update_image(record(&snap, base_target))?;
+            client.update_image(record(&snap, base))?;
             Err(e)
         }
     }
+}
+
+/// Snapshots sandbox `id` and returns the completed snapshot (see [`finish`]).
+pub fn create(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    suspend: bool,
+) -> Result<Snapshot> {
+    let begun = begin(client, id, labels, Status::InProgress)?;
+    finish(client, begun, suspend)
 }
 
 fn record(snap: &Snapshot, target: Descriptor) -> Image {
