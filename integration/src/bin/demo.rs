@@ -1,10 +1,13 @@
 //! The main job of the README: starts a private containerd with chalk-shim registered, imports a
 //! busybox image built on the spot, and runs gVisor sandboxes through containerd's own `ctr`:
-//! lifecycle, then snapshot, fork, suspend and resume of a running sandbox.
+//! lifecycle, then snapshot, fork, suspend and resume of a running sandbox with chalkctl.
 
 use std::{process::ExitCode, time::Instant};
 
-use chalk_integration::{api::Api, containerd::IMAGE, Containerd, RUNTIME};
+use chalk_integration::{
+    containerd::{chalkctl_binary, IMAGE},
+    Containerd, RUNTIME,
+};
 
 fn step(title: &str) {
     println!("\n== {title}");
@@ -59,64 +62,114 @@ fn count(c: &Containerd, id: &str) -> Result<String, String> {
     Ok(out.stdout.trim().to_string())
 }
 
-/// Snapshot, fork, suspend and resume of the running counter.
-fn snapshots(c: &Containerd) -> Result<(), String> {
-    step("snapshot: ctr container checkpoint --task demo-counter demo/counter:1");
-    let t = Instant::now();
-    let out = c.ctr([
-        "containers",
-        "checkpoint",
-        "--task",
-        "demo-counter",
-        "demo/counter:1",
-    ]);
-    check(&out, "checkpoint")?;
-    println!("took {:.2?}; the source keeps counting:", t.elapsed());
-    println!("demo-counter: {}", count(c, "demo-counter")?);
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    println!("demo-counter: {}", count(c, "demo-counter")?);
+/// chalkctl against the demo's containerd; prints what it printed.
+fn chalkctl(c: &Containerd, args: &[&str]) -> Result<String, String> {
+    let bin = chalkctl_binary().map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(bin)
+        .arg("--address")
+        .arg(c.socket())
+        .args(["--namespace", &c.namespace])
+        .args(args)
+        .output()
+        .map_err(|e| format!("run chalkctl: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "chalkctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(text)
+}
 
-    step("fork: ctr container restore --live demo-forkN demo/counter:1, twice");
-    for fork in ["demo-fork1", "demo-fork2"] {
-        let t = Instant::now();
-        check(
-            &c.ctr(["containers", "restore", "--live", fork, "demo/counter:1"]),
-            "restore",
-        )?;
+/// Runs chalkctl, printing the command line, its output and how long it took.
+fn show(c: &Containerd, args: &[&str]) -> Result<String, String> {
+    step(&format!("chalkctl {}", args.join(" ")));
+    let t = Instant::now();
+    let out = chalkctl(c, args)?;
+    print!("{out}");
+    println!("(took {:.2?})", t.elapsed());
+    Ok(out)
+}
+
+/// The sandboxes' runsc processes, counted from /proc.
+fn runsc_processes(id: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmd| {
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            args.iter().any(|a| a.windows(5).any(|w| w == b"runsc"))
+                && args.contains(&id.as_bytes())
+        })
+        .count()
+}
+
+/// Snapshot, fork, suspend and resume of the running counter, with chalkctl.
+fn snapshots(c: &Containerd) -> Result<(), String> {
+    let sh = |id: &str, script: &str| {
+        let out = c.ctr(["task", "exec", "--exec-id", "demo", id, "sh", "-c", script]);
+        check(&out, "exec").map(|_| out.stdout.trim().to_string())
+    };
+    sh("demo-counter", "echo hello > /workspace/notes.txt")?;
+    println!("\nwrote /workspace/notes.txt in demo-counter");
+    let id = show(
+        c,
+        &[
+            "snapshot",
+            "create",
+            "--id",
+            "demo-counter",
+            "--label",
+            "demo=yes",
+        ],
+    )?;
+    let id = id.trim().to_string();
+    println!("demo-counter keeps counting: {}", count(c, "demo-counter")?);
+
+    show(
+        c,
+        &[
+            "fork",
+            "--snapshot-id",
+            &id,
+            "--id",
+            "demo-fork",
+            "--count",
+            "2",
+        ],
+    )?;
+    for fork in ["demo-fork-1", "demo-fork-2"] {
         println!(
-            "{fork}: restored in {:.2?}, counting from the snapshot: {}",
-            t.elapsed(),
-            count(c, fork)?
+            "{fork}: counter {}, notes: {}",
+            count(c, fork)?,
+            sh(fork, "cat /workspace/notes.txt")?
         );
     }
-
-    // A sandbox of its own: containerd 1.6 refuses a second checkpoint of a spec already in
-    // its content store ("already exists"), and the forks share the counter's.
-    step("suspend and resume demo-suspend (Checkpoint with exit, then Create from it)");
-    run_detached(
-        c,
-        "demo-suspend",
-        "i=100; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
-    )?;
-    std::thread::sleep(std::time::Duration::from_millis(800));
-    println!("demo-suspend: {}", count(c, "demo-suspend")?);
-    let mut api = Api::connect(&c.socket(), &c.namespace)?;
-    api.lease("demo")?;
-    let t = Instant::now();
-    let snapshot = api.checkpoint("demo-suspend", true)?;
-    println!("suspended in {:.2?}:", t.elapsed());
-    print!("{}", c.ctr(["task", "ls"]).stdout);
-    check(&c.ctr(["task", "delete", "demo-suspend"]), "task delete")?;
-    let t = Instant::now();
-    api.create_task_from("demo-suspend", &snapshot)?;
-    api.start("demo-suspend")?;
+    sh("demo-fork-1", "echo only-here > /workspace/mine")?;
     println!(
-        "resumed in {:.2?} under the same id, counting on: {}",
-        t.elapsed(),
-        count(c, "demo-suspend")?
+        "wrote /workspace/mine in demo-fork-1; demo-fork-2 sees: {:?}; the source counts on: {}",
+        sh("demo-fork-2", "cat /workspace/mine 2>/dev/null || true")?,
+        count(c, "demo-counter")?
     );
-    api.release();
-    check(&c.ctr(["images", "rm", "demo/counter:1"]), "image rm")?;
+
+    let before = count(c, "demo-counter")?;
+    show(c, &["suspend", "--id", "demo-counter"])?;
+    println!(
+        "runsc processes of demo-counter while suspended: {}",
+        runsc_processes("demo-counter")
+    );
+    show(c, &["resume", "--id", "demo-counter"])?;
+    println!(
+        "demo-counter: suspended at {before}, counting on: {}",
+        count(c, "demo-counter")?
+    );
+
+    show(c, &["snapshot", "list"])?;
+    show(c, &["list"])?;
     Ok(())
 }
 
@@ -171,7 +224,7 @@ fn run() -> Result<(), String> {
 
     snapshots(&c)?;
 
-    let sandboxes = ["demo-counter", "demo-fork1", "demo-fork2", "demo-suspend"];
+    let sandboxes = ["demo-counter", "demo-fork-1", "demo-fork-2"];
     for id in sandboxes {
         check(&c.ctr(["task", "kill", "-s", "SIGKILL", id]), "kill")?;
     }
