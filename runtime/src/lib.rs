@@ -4,6 +4,7 @@
 //! - [`registry`]: the snapshot registry's rules over containerd image labels (for chalkctl).
 //! - [`runsc`]: typed runsc operations, argv built in one place, capability detection.
 //! - [`snapshot`]: the snapshot manifest (hashing, verification) and the isolation rule.
+//! - [`spec`]: small readers over OCI spec JSON.
 //! - [`state`]: the process lifecycle state machine.
 //! - [`bundle`]: what the shim persists in the bundle so a later `delete` can clean up.
 //! - [`stats`]: runsc's statistics output.
@@ -21,6 +22,7 @@ pub mod options;
 pub mod registry;
 pub mod runsc;
 pub mod snapshot;
+pub mod spec;
 pub mod state;
 pub mod stats;
 

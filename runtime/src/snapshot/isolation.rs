@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::spec::strings;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Isolation {
     /// Every capability named in any of the process's sets.
@@ -25,13 +27,6 @@ pub struct Isolation {
 impl Isolation {
     /// Reads the isolation of an OCI runtime spec run with runsc `--network=network`.
     pub fn from_spec(spec: &Value, network: &str) -> Self {
-        let strings = |v: &Value| -> Vec<String> {
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        };
         let caps = &spec["process"]["capabilities"];
         let capabilities = [
             "bounding",

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use chalk_runtime::spec::strings;
 use containerd_client::services::v1::{container::Runtime, Container};
 use serde_json::{json, Value};
 
@@ -35,13 +36,6 @@ const DEFAULT_CAPS: [&str; 14] = [
 /// The OCI spec for `id` from the image `config` (its `config` section: Entrypoint, Cmd, Env,
 /// WorkingDir), with `cmd` replacing the image's Cmd when given.
 pub fn spec(id: &str, config: &Value, cmd: &[String]) -> Result<Value> {
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.as_str().map(String::from))
-            .collect()
-    };
     let c = &config["config"];
     let mut args = strings(&c["Entrypoint"]);
     if cmd.is_empty() {
