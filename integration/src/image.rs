@@ -1,11 +1,7 @@
 //! Builds an OCI image archive (the layout `ctr images import` takes) holding a static busybox
 //! with all its applets, deterministic so that the same host gives the same image digest.
 
-use std::{
-    io::{self, Write},
-    path::Path,
-    process::Command,
-};
+use std::{io, path::Path, process::Command};
 
 use sha2::{Digest, Sha256};
 
@@ -201,13 +197,6 @@ pub fn oci_archive_labelled(layer: &[u8], name: &str, variant: &str) -> io::Resu
     }
     add_file(&mut b, "index.json", 0o644, &index)?;
     b.into_inner()
-}
-
-/// Writes the busybox image archive to `out`.
-pub fn write_busybox_archive(busybox: &Path, name: &str, out: &Path) -> io::Result<()> {
-    let layer = busybox_layer(busybox)?;
-    let archive = oci_archive(&layer, name)?;
-    std::fs::File::create(out)?.write_all(&archive)
 }
 
 #[cfg(test)]

@@ -12,10 +12,9 @@ use serde_json::Value;
 
 use crate::{
     client::{Client, Result},
-    snapshots::{self, RUNTIME},
+    snapshots::{self, CHECKPOINT_TAR, RUNTIME},
 };
 
-const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
 const CHECKPOINT_SPEC: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
 /// Set on every fork: the snapshot it came from.
 pub const FORKED_FROM: &str = "chalk.io/forked-from";
@@ -96,11 +95,7 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
 pub(crate) fn image_config(client: &Client, target: &Descriptor) -> Result<(Value, String)> {
     let mut manifest = read_json(client, &target.digest)?;
     if manifest["manifests"].is_array() {
-        let arch = match std::env::consts::ARCH {
-            "x86_64" => "amd64",
-            "aarch64" => "arm64",
-            other => other,
-        };
+        let arch = snapshots::oci_arch();
         let digest = manifest["manifests"]
             .as_array()
             .into_iter()

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::client::{runtime_name, Client, Result};
 
 pub const RUNTIME: &str = "io.containerd.chalk.v1";
-const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
+pub const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// Set on a sandbox's spec before each checkpoint: containerd 1.6 refuses to store a spec it
 /// already holds ("already exists"), which would allow one snapshot per sandbox there.
@@ -196,7 +196,8 @@ fn checkpoint_index(
     client.write_blob(INDEX, bytes, labels)
 }
 
-fn oci_arch() -> &'static str {
+/// This machine's architecture as OCI names it.
+pub fn oci_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
