@@ -296,10 +296,15 @@ impl Client {
     }
 
     pub fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        self.read_range(digest, 0, 0)
+    }
+
+    /// `size` bytes of blob `digest` from `offset` (0: to the end); fewer at its end.
+    pub fn read_range(&self, digest: &str, offset: u64, size: u64) -> Result<Vec<u8>> {
         let req = self.req(ReadContentRequest {
             digest: digest.to_string(),
-            offset: 0,
-            size: 0,
+            offset: offset as i64,
+            size: size as i64,
         });
         let mut client = ContentClient::new(self.channel.clone());
         self.rt

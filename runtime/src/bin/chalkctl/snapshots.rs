@@ -1,7 +1,7 @@
 //! `chalkctl snapshot ...`: snapshots as labelled checkpoint images in containerd's image
 //! store, in the index format `ctr container restore` reads.
 
-use std::{collections::HashMap, io::Read, time::Instant};
+use std::{collections::HashMap, time::Instant};
 
 use chalk_runtime::registry::{self, Filter, Snapshot, Status};
 use containerd_client::{services::v1::Image, types::Descriptor};
@@ -286,38 +286,52 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
         .find(|m| m["mediaType"] == CHECKPOINT_TAR)
         .and_then(|m| m["digest"].as_str())
         .ok_or("the snapshot's index has no checkpoint")?;
-    let tar_bytes = client.read_blob(tar_digest)?;
-    let mut archive = tar::Archive::new(&tar_bytes[..]);
-    for entry in archive.entries().map_err(|e| e.to_string())? {
-        let mut entry = entry.map_err(|e| e.to_string())?;
-        let path = entry
-            .path()
-            .map_err(|e| e.to_string())?
-            .display()
-            .to_string();
-        if path.trim_start_matches("./") == "chalk.manifest.json" {
-            let mut text = String::new();
-            entry.read_to_string(&mut text).map_err(|e| e.to_string())?;
-            let m: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            let size: u64 = m["files"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|f| f["size"].as_u64())
-                .sum();
-            return Ok(json!({
-                "kind": m["kind"],
-                "created": m["created"],
-                "runsc": m["runsc"]["version"],
-                "platform": m["runsc"]["platform"],
-                "image": m["image"],
-                "host": m["host"]["hostname"],
-                "files": m["files"].as_array().map_or(0, |f| f.len()),
-                "size": size,
-            }));
+    // The checkpoint tar can be gigabytes: walk its headers and read the manifest alone.
+    let Some(text) = tar_entry(client, tar_digest, "chalk.manifest.json")? else {
+        return Err("the checkpoint holds no chalk.manifest.json".into());
+    };
+    let m: Value = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    let size: u64 = m["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["size"].as_u64())
+        .sum();
+    Ok(json!({
+        "kind": m["kind"],
+        "created": m["created"],
+        "runsc": m["runsc"]["version"],
+        "platform": m["runsc"]["platform"],
+        "image": m["image"],
+        "host": m["host"]["hostname"],
+        "files": m["files"].as_array().map_or(0, |f| f.len()),
+        "size": size,
+    }))
+}
+
+/// The content of entry `name` of the tar in blob `digest`, read header by header with
+/// ranged reads (entries are not loaded on the way).
+fn tar_entry(client: &Client, digest: &str, name: &str) -> Result<Option<Vec<u8>>> {
+    const BLOCK: u64 = 512;
+    let mut offset = 0;
+    loop {
+        let block = client.read_range(digest, offset, BLOCK)?;
+        if block.len() < BLOCK as usize || block.iter().all(|b| *b == 0) {
+            return Ok(None); // the end-of-archive marker, or the blob's end
         }
+        let mut header = tar::Header::new_old();
+        header.as_mut_bytes().copy_from_slice(&block);
+        let size = header.entry_size().map_err(|e| format!("{digest}: {e}"))?;
+        let path = header.path().map_err(|e| format!("{digest}: {e}"))?;
+        if path.to_string_lossy().trim_start_matches("./") == name {
+            // A ranged read of size 0 means "to the end" to containerd.
+            if size == 0 {
+                return Ok(Some(Vec::new()));
+            }
+            return client.read_range(digest, offset + BLOCK, size).map(Some);
+        }
+        offset += BLOCK + size.div_ceil(BLOCK) * BLOCK;
     }
-    Err("the checkpoint holds no chalk.manifest.json".into())
 }
 
 pub fn to_json(s: &Snapshot) -> Value {
