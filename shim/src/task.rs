@@ -170,6 +170,7 @@ impl TaskService {
         opts: &RuntimeOptions,
         bundle: &Path,
         id: &str,
+        sandbox_id: &str,
     ) -> Result<(Runsc, Features)> {
         // `%ID%` in a flag (e.g. debug-log) names the container, whatever the runsc release.
         let flags = opts
@@ -181,7 +182,7 @@ impl TaskService {
         // One runsc root per sandbox: the 2022 runsc resolves ids by prefix and refuses
         // "web" while "web-2" exists in the same root ("id is ambiguous").
         let shared_root = opts.runsc_root(&self.inner.namespace)?;
-        let root = shared_root.join(crate::service::grouping(bundle, id));
+        let root = shared_root.join(sandbox_id);
         let mut runsc = Runsc::new(
             &opts.binary_name,
             GlobalArgs { root, flags },
@@ -253,7 +254,8 @@ impl TaskService {
                 req.id
             )));
         }
-        let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id)?;
+        let sandbox_id = crate::service::grouping(&bundle, &req.id);
+        let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id, &sandbox_id)?;
         // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
         // unless the options choose an overlay themselves.
         let user_overlay = ["overlay", "overlay2"]
@@ -325,7 +327,7 @@ impl TaskService {
         };
         let container = Container {
             id: req.id.clone(),
-            sandbox_id: crate::service::grouping(&bundle, &req.id),
+            sandbox_id,
             bundle: bundle.clone(),
             runsc,
             features,
