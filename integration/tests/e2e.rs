@@ -1068,6 +1068,10 @@ fn main() {
             "chalkctl_suspend_and_resume",
             chalkctl::chalkctl_suspend_and_resume,
         ),
+        (
+            "chalkctl_refuses_what_it_cannot_fork",
+            chalkctl::chalkctl_refuses_what_it_cannot_fork,
+        ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.
     let optional: &[(&str, &str, Case)] = &[(

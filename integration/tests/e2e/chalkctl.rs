@@ -76,7 +76,14 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
                 && second["next_cursor"].is_null(),
             "page 2: {second}"
         );
-        let failed = e.chalkctl_json(&["snapshot", "list", "--status", "failed"])?;
+        let failed = e.chalkctl_json(&[
+            "snapshot",
+            "list",
+            "--status",
+            "failed",
+            "--sandbox-id",
+            src,
+        ])?;
         ensure!(
             failed["items"].as_array().is_some_and(|i| i.is_empty()),
             "{failed}"
@@ -297,4 +304,184 @@ pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
     e.remove(id);
     result?;
     e.assert_clean(id)
+}
+
+/// The content store file of blob `digest`.
+fn blob_file(e: &Env, digest: &str) -> PathBuf {
+    e.c.dir()
+        .join("root/io.containerd.content.v1.content/blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"))
+}
+
+/// The pid of the background `chalkctl snapshot finish` for record `name`.
+fn finisher(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let pid: i32 = p.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is = args.contains(&&b"finish"[..]) && args.contains(&name.as_bytes());
+        is.then_some(pid)
+    })
+}
+
+/// What chalkctl refuses to fork, each with the reason: a failed snapshot, one still in
+/// progress, and stored content that no longer matches its digest or its manifest.
+pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
+    let (src, idle) = ("ctl-ref-src", "ctl-ref-idle");
+    let ids = ["ctl-ref-1", "ctl-ref-2", "ctl-ref-3", "ctl-ref-4"];
+    for id in [src, idle].iter().chain(&ids) {
+        e.remove(id);
+    }
+    let mut taken = Vec::new();
+    let result = (|| {
+        // A sandbox with no task: its snapshot fails, and the registry keeps why.
+        let made = e.ctr(&[
+            "containers",
+            "create",
+            "--runtime",
+            RUNTIME,
+            IMAGE,
+            idle,
+            "true",
+        ]);
+        ensure!(made.code == 0, "{made:?}");
+        let out = e.chalkctl(&["snapshot", "create", "--id", idle]);
+        ensure!(out.code != 0 && out.stderr.contains(idle), "{out:?}");
+        let failed = e.chalkctl_json(&[
+            "snapshot",
+            "list",
+            "--status",
+            "failed",
+            "--sandbox-id",
+            idle,
+        ])?;
+        let items = failed["items"].as_array().cloned().unwrap_or_default();
+        ensure!(
+            items.len() == 1
+                && items[0]["sandbox_id"] == idle
+                && items[0]["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "failed snapshots: {failed}"
+        );
+        let name = items[0]["name"].as_str().unwrap_or_default().to_string();
+        taken.push(name.clone());
+        let completed = e.chalkctl_json(&["snapshot", "list", "--status", "completed"])?;
+        ensure!(
+            !completed.to_string().contains(idle),
+            "the status filter let a failed snapshot through: {completed}"
+        );
+        let out = e.chalkctl(&["fork", "--snapshot-id", &name, "--id", ids[0]]);
+        ensure!(
+            out.code != 0 && out.stderr.contains("failed") && e.task_status(ids[0]).is_none(),
+            "fork of a failed snapshot: {out:?}"
+        );
+
+        // Still in progress: the background checkpoint is held stopped while we fork.
+        e.run_detached(src, &["sh", "-c", snapshots::COUNTER])?;
+        let out = e.chalkctl_json(&["snapshot", "create", "--id", src, "--no-wait"])?;
+        let name = out["name"].as_str().unwrap_or_default().to_string();
+        taken.push(name.clone());
+        let pid = finisher(&name).ok_or("no background checkpoint process")?;
+        // SAFETY: a plain signal to a process we found by its command line.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let status = e.chalkctl_json(&["snapshot", "get", "--snapshot-id", &name])?;
+        let out = e.chalkctl(&["fork", "--snapshot-id", &name, "--id", ids[1]]);
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        ensure!(
+            status["status"] != "completed",
+            "the checkpoint completed before it could be held: {status}"
+        );
+        ensure!(
+            out.code != 0 && out.stderr.contains("still in progress"),
+            "fork of a snapshot in progress: {out:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let snap = loop {
+            let got = e.chalkctl_json(&["snapshot", "get", "--snapshot-id", &name])?;
+            if got["status"] == "completed" {
+                break got;
+            }
+            ensure!(Instant::now() < deadline, "never completed: {got}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let digest = snap["id"].as_str().unwrap_or_default().to_string();
+
+        // Stored content changed in place: the index no longer matches the snapshot's id.
+        let index_file = blob_file(e, &digest);
+        let index = std::fs::read(&index_file).map_err(|e| e.to_string())?;
+        let mut bent = index.clone();
+        let last = bent.len() - 2;
+        bent[last] = b' ';
+        std::fs::write(&index_file, &bent).map_err(|e| e.to_string())?;
+        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--id", ids[2]]);
+        std::fs::write(&index_file, &index).map_err(|e| e.to_string())?;
+        ensure!(
+            out.code != 0
+                && out.stderr.contains("does not verify")
+                && e.task_status(ids[2]).is_none(),
+            "fork of a snapshot whose index changed: {out:?}"
+        );
+
+        // A flipped byte in the checkpoint's memory image: the shim's manifest check.
+        let parsed: serde_json::Value =
+            serde_json::from_slice(&index).map_err(|e| e.to_string())?;
+        let tar_digest = parsed["manifests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| {
+                m["mediaType"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("criu.tar"))
+            })
+            .and_then(|m| m["digest"].as_str())
+            .ok_or("no checkpoint in the index")?
+            .to_string();
+        let tar_file = blob_file(e, &tar_digest);
+        let tar = std::fs::read(&tar_file).map_err(|e| e.to_string())?;
+        let mut archive = tar::Archive::new(&tar[..]);
+        let mut at = None;
+        for entry in archive.entries().map_err(|e| e.to_string())? {
+            let entry = entry.map_err(|e| e.to_string())?;
+            if entry
+                .path()
+                .map_err(|e| e.to_string())?
+                .ends_with("checkpoint.img")
+            {
+                at = Some(entry.raw_file_position() as usize + entry.size() as usize / 2);
+            }
+        }
+        let at = at.ok_or("no checkpoint.img in the checkpoint")?;
+        let mut bent = tar.clone();
+        bent[at] ^= 1;
+        std::fs::write(&tar_file, &bent).map_err(|e| e.to_string())?;
+        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--id", ids[3]]);
+        std::fs::write(&tar_file, &tar).map_err(|e| e.to_string())?;
+        ensure!(
+            out.code != 0
+                && format!("{}{}", out.stdout, out.stderr).contains("changed or damaged")
+                && e.task_status(ids[3]).is_none(),
+            "fork of a snapshot whose memory changed: {out:?}"
+        );
+        let leftovers = e.leftovers(ids[3]);
+        ensure!(leftovers.is_empty(), "the refused fork left {leftovers:?}");
+
+        // Put back, it forks.
+        let out = e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--id", ids[3]])?;
+        ensure!(
+            e.task_status(ids[3]).as_deref() == Some("RUNNING"),
+            "the intact snapshot did not fork: {out}"
+        );
+        Ok(())
+    })();
+    for name in &taken {
+        e.chalkctl(&["snapshot", "delete", "--snapshot-id", name]);
+    }
+    for id in [src, idle].iter().chain(&ids) {
+        e.remove(id);
+    }
+    result?;
+    for id in [src, idle].iter().chain(&ids) {
+        e.assert_clean(id)?;
+    }
+    Ok(())
 }

@@ -295,8 +295,12 @@ impl Client {
         })
     }
 
+    /// The whole of blob `digest`, checked against its digest: a snapshot is named by the
+    /// digest of its index, and everything the index names is named by digest in turn.
     pub fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
-        self.read_range(digest, 0, 0)
+        let data = self.read_range(digest, 0, 0)?;
+        verify_digest(digest, &data)?;
+        Ok(data)
     }
 
     /// `size` bytes of blob `digest` from `offset` (0: to the end); fewer at its end.
@@ -430,6 +434,21 @@ impl Client {
 }
 
 /// The runtime a sandbox runs with.
+/// Refuses `data` unless it hashes to `digest` (`sha256:` digests; others are not made here).
+pub fn verify_digest(digest: &str, data: &[u8]) -> Result<()> {
+    let Some(expected) = digest.strip_prefix("sha256:") else {
+        return Err(format!("{digest}: only sha256 digests are supported"));
+    };
+    let actual = chalk_runtime::snapshot::hash::sha256_hex(data);
+    if actual != expected {
+        return Err(format!(
+            "{digest} does not verify: its content in containerd's store hashes to sha256:{actual}; \
+             the store was changed or damaged: delete what uses it and store it again"
+        ));
+    }
+    Ok(())
+}
+
 pub fn runtime_name(c: &Container) -> &str {
     c.runtime.as_ref().map_or("", |r: &Runtime| r.name.as_str())
 }
@@ -440,4 +459,18 @@ fn expire_in(secs: u64) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     chalk_runtime::snapshot::manifest::rfc3339_at(secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verify_digest;
+
+    #[test]
+    fn blobs_must_hash_to_their_digest() {
+        let empty = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        assert!(verify_digest(empty, b"").is_ok());
+        let err = verify_digest(empty, b"x").unwrap_err();
+        assert!(err.contains("does not verify"), "{err}");
+        assert!(verify_digest("md5:00", b"").is_err());
+    }
 }

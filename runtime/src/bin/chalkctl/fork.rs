@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::{
     client::{Client, Result},
+    progress::Progress,
     snapshots::{self, CHECKPOINT_TAR, RUNTIME},
 };
 
@@ -146,18 +147,35 @@ pub fn fork(
     query: &str,
     id: Option<&str>,
     count: usize,
+    progress: &Progress,
 ) -> Result<Vec<Forked>> {
     if count == 0 {
         return Err("--count must be at least 1".into());
     }
     let snap = snapshots::find(client, query)?;
-    if snap.status != Status::Completed {
-        return Err(format!(
-            "snapshot {} is {}: only a completed snapshot can be forked",
-            snap.name, snap.status
-        ));
+    match snap.status {
+        Status::Completed => {}
+        Status::Pending | Status::InProgress => {
+            return Err(format!(
+                "snapshot {} is still in progress ({}): fork it once \
+                 `chalkctl snapshot get --snapshot-id {}` reads completed",
+                snap.name, snap.status, snap.name
+            ))
+        }
+        Status::Failed => {
+            return Err(format!(
+                "snapshot {} failed ({}): there is nothing to fork; take a new one",
+                snap.name,
+                snap.error.as_deref().unwrap_or("no error recorded")
+            ))
+        }
     }
     let p = parts(client, &snap.digest)?;
+    progress.step(&format!(
+        "snapshot {} of {} verified; forking {count}",
+        short(&snap.digest),
+        snap.sandbox_id
+    ));
     let stamp: String = snapshots::now()
         .chars()
         .filter(char::is_ascii_digit)
@@ -166,11 +184,17 @@ pub fn fork(
     let mut out = Vec::new();
     for new in fork_ids(id, &snap.sandbox_id, &stamp, count) {
         let started = Instant::now();
-        let pid = one(client, &p, &new, &snap.digest);
-        if pid.is_err() {
-            client.delete_task(&new);
-            client.delete_container(&new);
-            client.remove_snapshot(&p.snapshotter, &new);
+        let pid = progress.during(&format!("restoring {new}"), || {
+            one(client, &p, &new, &snap.digest)
+        });
+        match &pid {
+            Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
+            Err(e) => {
+                progress.step(&format!("{new} failed: {e}"));
+                client.delete_task(&new);
+                client.delete_container(&new);
+                client.remove_snapshot(&p.snapshotter, &new);
+            }
         }
         out.push(Forked {
             id: new,
@@ -205,16 +229,24 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
 }
 
 /// Brings suspended sandbox `id` back under the same id from the snapshot it records.
-pub fn resume(client: &mut Client, id: &str) -> Result<(String, u32)> {
+pub fn resume(client: &mut Client, id: &str, progress: &Progress) -> Result<(String, u32)> {
     let container = client.container(id)?;
     let Some(digest) = container.labels.get(snapshots::SUSPENDED_FROM).cloned() else {
         return Err(format!("sandbox {id} is not suspended"));
     };
     let p = parts(client, &digest)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
-    let pid = client.start_task(&container, Some(&p.checkpoint))?;
+    let pid = progress.during(&format!("restoring {id} from {}", short(&digest)), || {
+        client.start_task(&container, Some(&p.checkpoint))
+    })?;
     client.set_container_label(id, snapshots::SUSPENDED_FROM, None)?;
     Ok((digest, pid))
+}
+
+/// The first 12 hex digits of a digest, as `ctr` and `docker` shorten ids.
+pub fn short(digest: &str) -> &str {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    hex.get(..12).unwrap_or(hex)
 }
 
 #[cfg(test)]
@@ -226,5 +258,11 @@ mod tests {
         assert_eq!(fork_ids(Some("f"), "web", "1", 1), ["f"]);
         assert_eq!(fork_ids(Some("f"), "web", "1", 3), ["f-1", "f-2", "f-3"]);
         assert_eq!(fork_ids(None, "web", "2026", 1), ["web-fork-2026"]);
+    }
+
+    #[test]
+    fn short_digests_keep_twelve_digits() {
+        assert_eq!(short("sha256:0123456789abcdef"), "0123456789ab");
+        assert_eq!(short("abc"), "abc");
     }
 }

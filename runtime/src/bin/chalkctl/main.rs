@@ -3,17 +3,18 @@
 
 mod client;
 mod fork;
+mod progress;
 mod run;
 mod sandboxes;
 mod snapshots;
 
-use std::{process::ExitCode, time::Instant};
+use std::process::ExitCode;
 
 use chalk_runtime::registry::{self, Filter, Status};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
-use crate::client::Client;
+use crate::{client::Client, progress::Progress};
 
 #[derive(Parser)]
 #[command(
@@ -171,6 +172,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<Value, String> {
     let mut client = Client::connect(&cli.address, &cli.namespace)?;
     let table = cli.output == Output::Table;
+    let progress = Progress::new(table);
     match &cli.command {
         Command::Snapshot(SnapshotCommand::Create {
             id,
@@ -186,21 +188,20 @@ fn run(cli: &Cli) -> Result<Value, String> {
         }
         Command::Snapshot(SnapshotCommand::Finish { name }) => {
             let begun = snapshots::pending(&client, name)?;
-            let snap = snapshots::finish(&mut client, begun, false)?;
+            let snap = snapshots::finish(&mut client, begun, false, &Progress::quiet())?;
             Ok(snapshots::to_json(&snap))
         }
         Command::Snapshot(SnapshotCommand::Create { id, labels, .. }) => {
-            let started = Instant::now();
+            let snap = snapshots::create(&mut client, id, labels.clone(), false, &progress)?;
+            progress.step(&format!(
+                "snapshot of {id} completed in {}",
+                progress.elapsed()
+            ));
             if table {
-                eprintln!("snapshotting {id} ...");
-            }
-            let snap = snapshots::create(&mut client, id, labels.clone(), false)?;
-            if table {
-                eprintln!("done in {}", snapshots::elapsed(started));
                 println!("{}", snap.digest);
             }
             let mut out = snapshots::to_json(&snap);
-            out["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
+            out["elapsed_ms"] = progress.elapsed_ms().into();
             Ok(out)
         }
         Command::Snapshot(SnapshotCommand::Get { snapshot_id }) => {
@@ -254,8 +255,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
             id,
             count,
         } => {
-            let started = Instant::now();
-            let forks = fork::fork(&mut client, snapshot_id, id.as_deref(), *count)?;
+            let forks = fork::fork(&mut client, snapshot_id, id.as_deref(), *count, &progress)?;
             let failed = forks.iter().filter(|f| f.pid.is_err()).count();
             if table {
                 println!("{:<40} {:<10} {:<10} ERROR", "SANDBOX", "PID", "TIME");
@@ -274,7 +274,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
                     "{} of {} forks running, in {}",
                     forks.len() - failed,
                     forks.len(),
-                    snapshots::elapsed(started)
+                    progress.elapsed()
                 );
             }
             let out = json!({
@@ -299,16 +299,14 @@ fn run(cli: &Cli) -> Result<Value, String> {
             snapshotter,
             cmd,
         } => {
-            let started = Instant::now();
-            let pid = run::run(&mut client, image, id, snapshotter, cmd)?;
+            let pid = progress.during(&format!("starting {id}"), || {
+                run::run(&mut client, image, id, snapshotter, cmd)
+            })?;
             if table {
-                println!(
-                    "{id} running (pid {pid}) in {}",
-                    snapshots::elapsed(started)
-                );
+                println!("{id} running (pid {pid}) in {}", progress.elapsed());
             }
             Ok(json!({"id": id, "status": "running", "pid": pid,
-                      "elapsed_ms": started.elapsed().as_millis() as u64}))
+                      "elapsed_ms": progress.elapsed_ms()}))
         }
         Command::List { all } => {
             let sandboxes = sandboxes::list(&client, *all)?;
@@ -340,31 +338,23 @@ fn run(cli: &Cli) -> Result<Value, String> {
             Ok(s)
         }
         Command::Suspend { id } => {
-            let started = Instant::now();
+            let snap = snapshots::create(&mut client, id, Vec::new(), true, &progress)?;
+            progress.step(&format!("{id} suspended in {}", progress.elapsed()));
             if table {
-                eprintln!("suspending {id} ...");
-            }
-            let snap = snapshots::create(&mut client, id, Vec::new(), true)?;
-            if table {
-                eprintln!("suspended in {}", snapshots::elapsed(started));
                 println!("{}", snap.digest);
             }
             let mut out = snapshots::to_json(&snap);
-            out["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
+            out["elapsed_ms"] = progress.elapsed_ms().into();
             Ok(json!({"id": id, "status": "suspended", "snapshot": out}))
         }
         Command::Resume { id } => {
-            let started = Instant::now();
-            let (snapshot, pid) = fork::resume(&mut client, id)?;
+            let (snapshot, pid) = fork::resume(&mut client, id, &progress)?;
             if table {
-                println!(
-                    "{id} running again (pid {pid}) in {}",
-                    snapshots::elapsed(started)
-                );
+                println!("{id} running again (pid {pid}) in {}", progress.elapsed());
             }
             Ok(
                 json!({"id": id, "status": "running", "pid": pid, "snapshot": snapshot,
-                      "elapsed_ms": started.elapsed().as_millis() as u64}),
+                      "elapsed_ms": progress.elapsed_ms()}),
             )
         }
         Command::Snapshot(SnapshotCommand::Delete { snapshot_id }) => {

@@ -1,13 +1,16 @@
 //! `chalkctl snapshot ...`: snapshots as labelled checkpoint images in containerd's image
 //! store, in the index format `ctr container restore` reads.
 
-use std::{collections::HashMap, time::Instant};
+use std::collections::HashMap;
 
 use chalk_runtime::registry::{self, Filter, Snapshot, Status};
 use containerd_client::{services::v1::Image, types::Descriptor};
 use serde_json::{json, Value};
 
-use crate::client::{runtime_name, Client, Result};
+use crate::{
+    client::{runtime_name, Client, Result},
+    progress::Progress,
+};
 
 pub const RUNTIME: &str = "io.containerd.chalk.v1";
 pub const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
@@ -100,7 +103,12 @@ pub fn pending(client: &Client, name: &str) -> Result<Begun> {
 /// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
 /// with the error). With `suspend` the sandbox stops after the checkpoint, its task is removed
 /// (no runsc process is left) and its record names the snapshot it resumes from.
-pub fn finish(client: &mut Client, begun: Begun, suspend: bool) -> Result<Snapshot> {
+pub fn finish(
+    client: &mut Client,
+    begun: Begun,
+    suspend: bool,
+    progress: &Progress,
+) -> Result<Snapshot> {
     let Begun {
         mut snap,
         image,
@@ -112,14 +120,24 @@ pub fn finish(client: &mut Client, begun: Begun, suspend: bool) -> Result<Snapsh
         snap.status = Status::InProgress;
         client.update_image(record(&snap, base.clone()))?;
     }
-    match checkpoint_index(client, &id, &snap.created, &image, &base, suspend) {
-        Ok(index) => {
+    let what = if suspend {
+        format!("checkpointing {id}, then stopping it")
+    } else {
+        format!("checkpointing {id} (it keeps running)")
+    };
+    let index = progress.during(&what, || {
+        checkpoint_index(client, &id, &snap.created, &image, &base, suspend)
+    });
+    match index {
+        Ok((index, size)) => {
+            progress.step(&format!("stored {} of checkpoint", megabytes(size)));
             snap.status = Status::Completed;
             snap.digest = index.digest.clone();
             client.update_image(record(&snap, index))?;
             if suspend {
                 client.set_container_label(&id, SUSPENDED_FROM, Some(&snap.digest))?;
                 client.delete_task(&id);
+                progress.step(&format!("released {id}'s sandbox"));
             }
             Ok(snap)
         }
@@ -138,9 +156,16 @@ pub fn create(
     id: &str,
     labels: Vec<(String, String)>,
     suspend: bool,
+    progress: &Progress,
 ) -> Result<Snapshot> {
     let begun = begin(client, id, labels, Status::InProgress)?;
-    finish(client, begun, suspend)
+    progress.step(&format!("recorded {} (in_progress)", begun.snap.name));
+    finish(client, begun, suspend, progress)
+}
+
+/// `bytes` for people.
+pub fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
 fn record(snap: &Snapshot, target: Descriptor) -> Image {
@@ -154,7 +179,7 @@ fn record(snap: &Snapshot, target: Descriptor) -> Image {
 }
 
 /// Checkpoints `id` through containerd and stores the index that ties the checkpoint to its
-/// base image.
+/// base image; returns the index and the checkpoint's size.
 fn checkpoint_index(
     client: &Client,
     id: &str,
@@ -162,10 +187,11 @@ fn checkpoint_index(
     image: &str,
     base: &Descriptor,
     exit: bool,
-) -> Result<Descriptor> {
+) -> Result<(Descriptor, u64)> {
     let container = client.container(id)?;
     client.mark_spec(&container, CHECKPOINT_ANNOTATION, created)?;
     let descriptors = client.checkpoint(id, exit)?;
+    let size = descriptors.iter().map(|d| d.size.max(0) as u64).sum();
     let platform = json!({"os": "linux", "architecture": oci_arch()});
     let mut manifests: Vec<Value> = descriptors
         .iter()
@@ -193,7 +219,7 @@ fn checkpoint_index(
         }
     }
     let bytes = serde_json::to_vec(&index).map_err(|e| e.to_string())?;
-    client.write_blob(INDEX, bytes, labels)
+    Ok((client.write_blob(INDEX, bytes, labels)?, size))
 }
 
 /// This machine's architecture as OCI names it.
@@ -345,9 +371,4 @@ pub fn to_json(s: &Snapshot) -> Value {
         "base_image": s.base_image,
         "labels": s.labels,
     })
-}
-
-/// Seconds since `started`, for progress lines.
-pub fn elapsed(started: Instant) -> String {
-    format!("{:.2}s", started.elapsed().as_secs_f64())
 }
