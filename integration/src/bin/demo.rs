@@ -62,7 +62,7 @@ fn count(c: &Containerd, id: &str) -> Result<String, String> {
     Ok(out.stdout.trim().to_string())
 }
 
-/// chalkctl against the demo's containerd; prints what it printed.
+/// chalkctl against the demo's containerd; prints its progress and returns its output.
 fn chalkctl(c: &Containerd, args: &[&str]) -> Result<String, String> {
     let bin = chalkctl_binary().map_err(|e| e.to_string())?;
     let out = std::process::Command::new(bin)
@@ -80,6 +80,8 @@ fn chalkctl(c: &Containerd, args: &[&str]) -> Result<String, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    // Its progress lines, timed, before its result.
+    print!("{}", String::from_utf8_lossy(&out.stderr));
     Ok(text)
 }
 
