@@ -47,7 +47,9 @@ fn describe(what: &str, e: Status) -> String {
 
 impl Client {
     pub fn connect(address: &str, namespace: &str) -> Result<Self> {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // Two workers: `fork --count N` makes its forks from N threads sharing this client.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| format!("start a runtime: {e}"))?;

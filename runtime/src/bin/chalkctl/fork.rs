@@ -140,8 +140,8 @@ pub fn fork_ids(id: Option<&str>, sandbox: &str, stamp: &str, count: usize) -> V
     }
 }
 
-/// Forks snapshot `query` into `count` running sandboxes, each reported on its own: one that
-/// fails is removed and does not undo the others.
+/// Forks snapshot `query` into `count` running sandboxes, made concurrently and each reported
+/// on its own: one that fails is removed and does not undo the others.
 pub fn fork(
     client: &mut Client,
     query: &str,
@@ -181,27 +181,40 @@ pub fn fork(
         .filter(char::is_ascii_digit)
         .collect();
     client.lease(&format!("chalkctl-fork-{stamp}"))?;
-    let mut out = Vec::new();
-    for new in fork_ids(id, &snap.sandbox_id, &stamp, count) {
-        let started = Instant::now();
-        let pid = progress.during(&format!("restoring {new}"), || {
-            one(client, &p, &new, &snap.digest)
-        });
-        match &pid {
-            Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
-            Err(e) => {
-                progress.step(&format!("{new} failed: {e}"));
-                client.delete_task(&new);
-                client.delete_container(&new);
-                client.remove_snapshot(&p.snapshotter, &new);
-            }
-        }
-        out.push(Forked {
-            id: new,
-            pid,
-            elapsed_ms: started.elapsed().as_millis() as u64,
-        });
-    }
+    let client = &*client;
+    let p = &p;
+    let digest = snap.digest.as_str();
+    // All at once: each restore is mostly runsc's own work, and independent.
+    let out = std::thread::scope(|s| {
+        let running: Vec<_> = fork_ids(id, &snap.sandbox_id, &stamp, count)
+            .into_iter()
+            .map(|new| {
+                s.spawn(move || {
+                    let started = Instant::now();
+                    progress.step(&format!("restoring {new} ..."));
+                    let pid = one(client, p, &new, digest);
+                    match &pid {
+                        Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
+                        Err(e) => {
+                            progress.step(&format!("{new} failed: {e}"));
+                            client.delete_task(&new);
+                            client.delete_container(&new);
+                            client.remove_snapshot(&p.snapshotter, &new);
+                        }
+                    }
+                    Forked {
+                        id: new,
+                        pid,
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                    }
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|h| h.join().expect("a fork thread panicked"))
+            .collect::<Vec<_>>()
+    });
     Ok(out)
 }
 
