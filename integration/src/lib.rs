@@ -2,6 +2,7 @@
 //! image built from the host's static busybox (no registry is needed or reached).
 
 pub mod api;
+pub mod bench;
 pub mod containerd;
 pub mod image;
 

@@ -1,0 +1,596 @@
+//! `scripts/bench`: every operation through this shim, through containerd's runc shim driving
+//! runsc, and with runsc alone, on a private containerd; writes RESULTS.md (and memory.png
+//! when gnuplot is there) into the output directory.
+//!
+//!   chalk-bench [--quick] [--out DIR]
+//!
+//! `--quick` is the smoke mode CI runs: one or two runs of everything, small memory. Nothing
+//! here fails on a timing; it fails only when an operation fails.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use chalk_integration::{
+    bench::{
+        filled_counter, reap_orphans,
+        report::{self, Group, Meta, Plain, PlotPoint, Row, CHALK, RUNC_SHIM, RUNSC},
+        runsc_alone::{size_of, RunscAlone},
+        stats::{summarize, Unit},
+        via_ctr::{write_runc_wrapper, ViaCtr},
+        COUNTER,
+    },
+    containerd::program,
+    image, Containerd,
+};
+
+struct Opts {
+    quick: bool,
+    out: PathBuf,
+    /// Runs of each lifecycle row.
+    reps: usize,
+    /// Runs of each snapshot row.
+    snap_reps: usize,
+    /// Runs of each memory row.
+    mem_reps: usize,
+    /// Megabytes the memory rows write.
+    sizes: Vec<u64>,
+    /// Sandboxes for the shim memory row.
+    many: usize,
+    /// Bytes of the file hashed.
+    hash_bytes: u64,
+}
+
+fn parse_opts() -> Result<Opts, String> {
+    let mut quick = false;
+    let mut out = PathBuf::from("bench");
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--out" => out = args.next().ok_or("--out needs a directory")?.into(),
+            other => {
+                return Err(format!(
+                    "unknown argument {other}; usage: chalk-bench [--quick] [--out DIR]"
+                ))
+            }
+        }
+    }
+    Ok(if quick {
+        Opts {
+            quick,
+            out,
+            reps: 2,
+            snap_reps: 1,
+            mem_reps: 1,
+            sizes: vec![16],
+            many: 3,
+            hash_bytes: 64 << 20,
+        }
+    } else {
+        Opts {
+            quick,
+            out,
+            reps: 10,
+            snap_reps: 5,
+            mem_reps: 3,
+            sizes: vec![64, 256, 1024],
+            many: 20,
+            hash_bytes: 1 << 30,
+        }
+    })
+}
+
+fn main() -> ExitCode {
+    match parse_opts().and_then(|o| run(&o)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("chalk-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn say(what: &str) {
+    println!("== {what}");
+}
+
+fn run(o: &Opts) -> Result<(), String> {
+    let started = Instant::now();
+    reap_orphans();
+    let c = Containerd::start().map_err(|e| format!("start containerd: {e}"))?;
+    c.import_busybox()
+        .map_err(|e| format!("import busybox: {e}"))?;
+    let layer = image::busybox_layer(&program("CHALK_BUSYBOX", "/bin/busybox"))
+        .map_err(|e| format!("busybox layer: {e}"))?;
+    let alone = RunscAlone::new(&c.dir().join("alone"), &layer)?;
+    let wrapper = write_runc_wrapper(c.dir(), alone.binary(), alone.flags())?;
+    let chalk = ViaCtr::chalk(&c);
+    let runc = ViaCtr::runc_shim(&c, &wrapper);
+
+    let mut groups = vec![lifecycle(o, &chalk, &runc, &alone)?];
+    groups.push(snapshots(o, &chalk, &alone)?);
+    let (memory, points) = memory_scaling(o, &chalk, &alone)?;
+    groups.push(memory);
+    groups.push(shim_memory(o, &chalk, &runc)?);
+    let hashing = hashing(o, c.dir())?;
+
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let plot = plot(&o.out, &points, &alone.features.version);
+    let meta = Meta {
+        date: chalk_runtime::snapshot::manifest::rfc3339_now(),
+        machine: machine(),
+        containerd: first_line(&program("CHALK_CONTAINERD", "containerd"), &["--version"]),
+        runsc: format!(
+            "{} (flags {})",
+            alone.features.version,
+            alone.flags().join(" ")
+        ),
+        mode: if o.quick {
+            "--quick: smoke mode, few runs".into()
+        } else {
+            "full run".into()
+        },
+    };
+    let mut notes = vec![
+        format!(
+            "runsc alone takes snapshots the way the shim must on this runsc: {}.",
+            match alone.features.leave_running() {
+                chalk_runtime::runsc::features::LeaveRunning::InPlace =>
+                    "`checkpoint --leave-running` resumes the same sandbox",
+                chalk_runtime::runsc::features::LeaveRunning::RestoreAfter =>
+                    "`checkpoint`, `delete`, then `restore` under the same id (this runsc's \
+                     `--leave-running` restores a new sandbox as the checkpoint's child)",
+            }
+        ),
+        "The runc shim runs runsc through a wrapper adding the same flags; it cannot \
+         checkpoint a gVisor sandbox (runsc refuses runc's `--file-locks`), so its snapshot \
+         rows are empty."
+            .into(),
+        "chalk and runc shim rows go through `ctr` (and `chalkctl` for snapshots), each a \
+         process of its own talking to containerd: what a user types."
+            .into(),
+    ];
+    if plot.is_none() {
+        notes.push("No plot: gnuplot is not installed (`scripts/bench` installs it).".into());
+    }
+    notes.push(format!(
+        "The whole run took {:.0} s.",
+        started.elapsed().as_secs_f64()
+    ));
+    let text = report::render(&meta, &groups, &[hashing], plot.as_deref(), &notes);
+    let path = o.out.join("RESULTS.md");
+    std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("{text}");
+    println!("written: {}", path.display());
+    Ok(())
+}
+
+/// run --rm, create+start, exec, kill+delete: every setup, interleaved run by run.
+fn lifecycle(o: &Opts, chalk: &ViaCtr, runc: &ViaCtr, alone: &RunscAlone) -> Result<Group, String> {
+    say("lifecycle");
+    let echo = alone.bundle("echo", &["echo", "hi"])?;
+    let counter = alone.bundle("counter", &["sh", "-c", COUNTER])?;
+    let mut rows = [
+        Row::new("`run --rm` of `echo hi`", Unit::Millis),
+        Row::new("create + start (`ctr run -d`)", Unit::Millis),
+        Row::new("exec of `true`", Unit::Millis),
+        Row::new("kill + delete", Unit::Millis),
+    ];
+    // A first, untimed round warms caches.
+    for i in 0..=o.reps {
+        let keep = i > 0;
+        for (s, setup) in [(CHALK, chalk), (RUNC_SHIM, runc)] {
+            let id = format!("life-{s}-{i}");
+            let t = [
+                setup.run_echo(&format!("echo-{s}-{i}"))?,
+                setup.run_detached(&id, COUNTER)?,
+                setup.exec_true(&id, "bench")?,
+                setup.kill_delete(&id)?,
+            ];
+            if keep {
+                for (row, t) in rows.iter_mut().zip(t) {
+                    row.samples[s].push(ms(t));
+                }
+            }
+        }
+        let id = format!("life-alone-{i}");
+        let t = [
+            alone.run(&echo, &format!("echo-alone-{i}"))?,
+            alone.create_start(&counter, &id)?,
+            alone.exec_true(&id)?,
+            alone.kill_delete(&id)?,
+        ];
+        if keep {
+            for (row, t) in rows.iter_mut().zip(t) {
+                row.samples[RUNSC].push(ms(t));
+            }
+        }
+    }
+    Ok(Group {
+        title: "Lifecycle".into(),
+        about: format!(
+            "{} runs each, after one warm-up. runsc alone: `runsc run`; `create` + `start`; \
+             `exec`; `delete --force`. The sandbox runs a shell counter.",
+            o.reps
+        ),
+        rows: rows.into(),
+    })
+}
+
+/// Snapshot, fork (1 and 4), suspend, resume and checkpoint size of the counter sandbox.
+fn snapshots(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, String> {
+    say("snapshot, fork, suspend, resume");
+    let mut rows = [
+        Row::new("snapshot, source keeps running", Unit::Millis),
+        Row::new("fork, 1", Unit::Millis),
+        Row::new("fork, 4 at once", Unit::Millis),
+        Row::new("suspend", Unit::Millis),
+        Row::new("resume", Unit::Millis),
+        Row::new("checkpoint size", Unit::Megabytes),
+    ];
+    let t = chalk_cycle(o.snap_reps, chalk, "snap", COUNTER, true)?;
+    for (row, v) in rows.iter_mut().zip(t) {
+        row.samples[CHALK] = v;
+    }
+    let t = alone_cycle(o.snap_reps, alone, "snap", COUNTER, true)?;
+    for (row, v) in rows.iter_mut().zip(t) {
+        row.samples[RUNSC] = v;
+    }
+    Ok(Group {
+        title: "Snapshot, fork, suspend and resume".into(),
+        about: format!(
+            "{} runs each on a running counter sandbox. chalk: `chalkctl snapshot create`, \
+             `fork [--count 4]`, `suspend`, `resume` (through containerd's content store). \
+             runsc alone: `checkpoint` into a directory, `restore --detach` (4 at once from \
+             one image), `checkpoint` + `delete`, `restore`.",
+            o.snap_reps
+        ),
+        rows: rows.into(),
+    })
+}
+
+/// One source sandbox through chalkctl: per run a snapshot, a fork (and with `four`, four
+/// forks at once), then suspend and resume of the source. Samples in row order: snapshot,
+/// fork 1, fork 4, suspend, resume (ms), size (MB).
+fn chalk_cycle(
+    reps: usize,
+    chalk: &ViaCtr,
+    name: &str,
+    script: &str,
+    four: bool,
+) -> Result<Vec<Vec<f64>>, String> {
+    let src = format!("{name}-src");
+    chalk.remove(&src);
+    chalk.run_detached(&src, script)?;
+    let result = (|| {
+        chalk.wait_file(&src, "/tmp/count", Duration::from_secs(600))?;
+        let mut v = vec![Vec::new(); 6];
+        for i in 0..reps {
+            let (t, digest, size) = chalk.snapshot(&src)?;
+            v[0].push(ms(t));
+            v[5].push(size as f64 / 1e6);
+            let id = format!("{name}-f{i}");
+            v[1].push(ms(chalk.fork(&digest, &id, 1)?));
+            chalk.remove(&id);
+            if four {
+                let id = format!("{name}-g{i}");
+                let t = chalk.fork(&digest, &id, 4);
+                for k in 1..=4 {
+                    chalk.remove(&format!("{id}-{k}"));
+                }
+                v[2].push(ms(t?));
+            }
+            chalk.delete_snapshot(&digest);
+            let (t, digest) = chalk.suspend(&src)?;
+            v[3].push(ms(t));
+            v[4].push(ms(chalk.resume(&src)?));
+            chalk.delete_snapshot(&digest);
+        }
+        Ok(v)
+    })();
+    chalk.remove(&src);
+    result
+}
+
+/// The same cycle with runsc alone, images in directories.
+fn alone_cycle(
+    reps: usize,
+    alone: &RunscAlone,
+    name: &str,
+    script: &str,
+    four: bool,
+) -> Result<Vec<Vec<f64>>, String> {
+    let bundle = alone.bundle(name, &["sh", "-c", script])?;
+    let src = format!("{name}-src");
+    let images = bundle.with_file_name(format!("{name}-images"));
+    alone.remove(&src);
+    alone.create_start(&bundle, &src)?;
+    let result = (|| {
+        alone.wait_file(&src, "/tmp/count", Duration::from_secs(600))?;
+        let mut v = vec![Vec::new(); 6];
+        for i in 0..reps {
+            let _ = std::fs::remove_dir_all(&images);
+            let image = images.join(format!("snap-{i}"));
+            v[0].push(ms(alone.snapshot(&bundle, &src, &image)?));
+            v[5].push(size_of(&image) as f64 / 1e6);
+            let id = format!("{name}-f{i}");
+            let t = alone.restore(&bundle, &image, &id);
+            alone.remove(&id);
+            v[1].push(ms(t?));
+            if four {
+                let ids: Vec<String> = (1..=4).map(|k| format!("{name}-g{i}-{k}")).collect();
+                let t = alone.restore_many(&bundle, &image, &ids);
+                for id in &ids {
+                    alone.remove(id);
+                }
+                v[2].push(ms(t?));
+            }
+            let image = images.join(format!("susp-{i}"));
+            v[3].push(ms(alone.suspend(&src, &image)?));
+            v[4].push(ms(alone.restore(&bundle, &image, &src)?));
+        }
+        Ok(v)
+    })();
+    alone.remove(&src);
+    let _ = std::fs::remove_dir_all(&images);
+    result
+}
+
+/// Snapshot, fork and resume of sandboxes that first write `sizes` megabytes into memory.
+fn memory_scaling(
+    o: &Opts,
+    chalk: &ViaCtr,
+    alone: &RunscAlone,
+) -> Result<(Group, Vec<PlotPoint>), String> {
+    let mut rows = Vec::new();
+    let mut points = Vec::new();
+    for &mb in &o.sizes {
+        say(&format!("memory: {mb} MB"));
+        let script = filled_counter(mb);
+        let name = format!("mem{mb}");
+        let ours = chalk_cycle(o.mem_reps, chalk, &name, &script, false)?;
+        let theirs = alone_cycle(o.mem_reps, alone, &name, &script, false)?;
+        let median = |v: &Vec<f64>| summarize(v).map(|s| s.median / 1e3);
+        points.push((
+            mb,
+            [
+                median(&ours[0]),
+                median(&ours[1]),
+                median(&ours[4]),
+                median(&theirs[0]),
+                median(&theirs[1]),
+                median(&theirs[4]),
+            ],
+        ));
+        for (k, what, unit) in [
+            (0, "snapshot", Unit::Millis),
+            (1, "fork", Unit::Millis),
+            (3, "suspend", Unit::Millis),
+            (4, "resume", Unit::Millis),
+            (5, "checkpoint size", Unit::Megabytes),
+        ] {
+            let mut row = Row::new(&format!("{what}, {mb} MB written"), unit);
+            row.samples[CHALK] = ours[k].clone();
+            row.samples[RUNSC] = theirs[k].clone();
+            rows.push(row);
+        }
+    }
+    Ok((
+        Group {
+            title: "Cost against sandbox memory".into(),
+            about: format!(
+                "The counter sandbox after `dd if=/dev/urandom` of N MB into its /tmp (memory: \
+                 the root overlay is in sandbox memory); {} runs each. Same operations as above.",
+                o.mem_reps
+            ),
+            rows,
+        },
+        points,
+    ))
+}
+
+/// Resident memory of the shim: with one sandbox, and per sandbox with many running.
+fn shim_memory(o: &Opts, chalk: &ViaCtr, runc: &ViaCtr) -> Result<Group, String> {
+    say("shim memory");
+    let mut rows = [
+        Row::new("shim RSS, 1 sandbox", Unit::Megabytes),
+        Row::new(
+            &format!("shim RSS per sandbox, {} running", o.many),
+            Unit::Megabytes,
+        ),
+    ];
+    for (s, setup) in [(CHALK, chalk), (RUNC_SHIM, runc)] {
+        let ids: Vec<String> = (0..o.many).map(|i| format!("rss-{s}-{i}")).collect();
+        let result = (|| {
+            setup.run_detached(&ids[0], COUNTER)?;
+            std::thread::sleep(Duration::from_secs(1));
+            rows[0].samples[s] = setup.shim_rss().iter().map(|b| *b as f64 / 1e6).collect();
+            for id in &ids[1..] {
+                setup.run_detached(id, COUNTER)?;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            rows[1].samples[s] = setup.shim_rss().iter().map(|b| *b as f64 / 1e6).collect();
+            Ok::<_, String>(())
+        })();
+        for id in &ids {
+            setup.remove(id);
+        }
+        result?;
+    }
+    Ok(Group {
+        title: "Shim memory".into(),
+        about: "VmRSS of each shim process serving the sandboxes (one shim per sandbox in \
+                both), counter sandboxes started with `ctr run -d`. runsc alone has no shim."
+            .into(),
+        rows: rows.into(),
+    })
+}
+
+/// The manifest's hasher next to sha256sum and openssl, on one core and on all.
+fn hashing(o: &Opts, dir: &Path) -> Result<Plain, String> {
+    say("hashing");
+    let file = dir.join("hash-input");
+    write_noise(&file, o.hash_bytes)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gbps = |d: Duration| o.hash_bytes as f64 / d.as_secs_f64() / 1e9;
+    let runs = if o.quick { 1 } else { 3 };
+    let mut ours1 = Vec::new();
+    let mut ours_all = Vec::new();
+    let mut sum = Vec::new();
+    for _ in 0..runs {
+        for (threads, into) in [(1, &mut ours1), (0, &mut ours_all)] {
+            let started = Instant::now();
+            chalk_runtime::snapshot::hash::hash_files(std::slice::from_ref(&file), threads)
+                .map_err(|e| e.to_string())?;
+            into.push(gbps(started.elapsed()));
+        }
+        let started = Instant::now();
+        let ok = Command::new("sha256sum")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .status();
+        if ok.is_ok_and(|s| s.success()) {
+            sum.push(gbps(started.elapsed()));
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    let seconds = if o.quick { "1" } else { "3" };
+    let mut rows = vec![
+        (
+            "chalk manifest hasher, 1 thread".to_string(),
+            Unit::GigabytesPerSecond,
+            ours1,
+        ),
+        (
+            format!("chalk manifest hasher, {cores} threads"),
+            Unit::GigabytesPerSecond,
+            ours_all,
+        ),
+        ("`sha256sum`".to_string(), Unit::GigabytesPerSecond, sum),
+    ];
+    let openssl = |multi: Option<usize>| -> Vec<f64> {
+        let mut cmd = Command::new("openssl");
+        cmd.arg("speed");
+        if let Some(n) = multi {
+            cmd.args(["-multi", &n.to_string()]);
+        }
+        cmd.args(["-seconds", seconds, "-bytes", "1048576", "sha256"]);
+        cmd.output()
+            .ok()
+            .and_then(|o| openssl_rate(&String::from_utf8_lossy(&o.stdout)))
+            .map(|r| vec![r / 1e9])
+            .unwrap_or_default()
+    };
+    rows.push((
+        "`openssl speed sha256`, 1 MiB blocks, 1 core".into(),
+        Unit::GigabytesPerSecond,
+        openssl(None),
+    ));
+    rows.push((
+        format!("`openssl speed -multi {cores} sha256`, 1 MiB blocks"),
+        Unit::GigabytesPerSecond,
+        openssl(Some(cores)),
+    ));
+    Ok(Plain {
+        title: "Hashing throughput".into(),
+        about: format!(
+            "A {} MiB file of pseudo-random bytes in the page cache; the chalk hasher is what \
+             seals and verifies snapshot manifests (64 MiB chunks hashed in parallel).",
+            o.hash_bytes >> 20
+        ),
+        rows,
+    })
+}
+
+/// Bytes per second from `openssl speed`'s table (its last `sha256` line, in 1000s of bytes).
+fn openssl_rate(out: &str) -> Option<f64> {
+    let line = out.lines().rev().find(|l| l.starts_with("sha256"))?;
+    let last = line.split_whitespace().last()?;
+    last.trim_end_matches('k')
+        .parse::<f64>()
+        .ok()
+        .map(|k| k * 1e3)
+}
+
+/// `bytes` of xorshift noise (incompressible, cheap to make) into `path`.
+fn write_noise(path: &Path, bytes: u64) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+    );
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut block = vec![0u8; 1 << 20];
+    for _ in 0..bytes.div_ceil(block.len() as u64) {
+        for w in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        f.write_all(&block).map_err(|e| e.to_string())?;
+    }
+    f.flush().map_err(|e| e.to_string())
+}
+
+/// Draws memory.png with gnuplot; None when gnuplot is missing or fails.
+fn plot(out: &Path, points: &[PlotPoint], runsc: &str) -> Option<String> {
+    let data = out.join("memory.dat");
+    std::fs::write(&data, report::plot_data(points)).ok()?;
+    let png = out.join("memory.png");
+    let script = report::plot_script(
+        &data.to_string_lossy(),
+        &png.to_string_lossy(),
+        &format!("chalk shim vs runsc alone ({})", runsc.replace('\'', "")),
+    );
+    let gp = out.join("memory.gp");
+    std::fs::write(&gp, script).ok()?;
+    let ok = Command::new("gnuplot")
+        .arg(&gp)
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then(|| "memory.png".to_string())
+}
+
+fn first_line(bin: &Path, args: &[&str]) -> String {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_else(|e| format!("{}: {e}", bin.display()))
+}
+
+/// CPU model and count, memory, kernel.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{model}, {cores} cores, {:.0} GB memory, Linux {}",
+        mem_kb as f64 / 1e6,
+        kernel.trim()
+    )
+}
