@@ -97,8 +97,15 @@ impl Containerd {
         fs::write(d.join("config.toml"), config(d))?;
 
         let log = fs::File::create(d.join("containerd.log"))?;
+        // A containerd picked by CHALK_CONTAINERD finds its own shims (its runc shim) first.
+        let daemon_bin = program("CHALK_CONTAINERD", "containerd");
+        let own = daemon_bin
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(|d| format!("{}:", d.display()))
+            .unwrap_or_default();
         let path = format!(
-            "{}:{}",
+            "{}:{own}{}",
             bin.display(),
             std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
         );
@@ -106,7 +113,7 @@ impl Containerd {
         // removes: keep those inside this instance's directory.
         let tmp = d.join("tmp");
         fs::create_dir_all(&tmp)?;
-        let daemon = Command::new(program("CHALK_CONTAINERD", "containerd"))
+        let daemon = Command::new(daemon_bin)
             .arg("--config")
             .arg(d.join("config.toml"))
             .env("PATH", path)

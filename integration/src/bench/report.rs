@@ -116,7 +116,7 @@ pub fn render(
     if let Some(png) = plot {
         let _ = writeln!(
             out,
-            "\n## Cost against sandbox memory\n\n![snapshot, fork and resume time against sandbox memory]({png})"
+            "\n## Plot: time against sandbox memory\n\n![snapshot, fork and resume time against sandbox memory]({png})"
         );
     }
     if !notes.is_empty() {
@@ -174,7 +174,7 @@ pub fn plot_script(data: &str, png: &str, title: &str) -> String {
         ));
     }
     format!(
-        "set terminal png size 900,560\nset output '{png}'\nset title '{title}'\n\
+        "set terminal png size 900,560 noenhanced\nset output '{png}'\nset title '{title}'\n\
          set xlabel 'memory written by the sandbox (MB)'\nset ylabel 'seconds'\n\
          set key top left\nset grid\n\
          plot {}\n",

@@ -192,7 +192,8 @@ impl RunscAlone {
         let img = image.to_string_lossy();
         Ok(timed(|| {
             self.ok(&["checkpoint", "--image-path", &img, id])?;
-            self.ok(&["delete", id])
+            // Current runsc may still read the container as running while its sandbox exits.
+            self.ok(&["delete", "--force", id])
         })?
         .0)
     }

@@ -127,9 +127,11 @@ fn run(o: &Opts) -> Result<(), String> {
         date: chalk_runtime::snapshot::manifest::rfc3339_now(),
         machine: machine(),
         containerd: first_line(&program("CHALK_CONTAINERD", "containerd"), &["--version"]),
+        // A runsc built from a Go module reports no version: its path names the module's.
         runsc: format!(
-            "{} (flags {})",
+            "{} at {} (flags {})",
             alone.features.version,
+            alone.binary().display(),
             alone.flags().join(" ")
         ),
         mode: if o.quick {
