@@ -426,16 +426,35 @@ impl Client {
     }
 
     pub fn delete_task(&self, id: &str) {
+        let _ = self.try_delete_task(id);
+    }
+
+    fn try_delete_task(&self, id: &str) -> std::result::Result<(), Status> {
         let req = self.req(DeleteTaskRequest {
             container_id: id.to_string(),
         });
-        let _ = self
-            .rt
-            .block_on(TasksClient::new(self.channel.clone()).delete(req));
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).delete(req))
+            .map(drop)
+    }
+
+    /// Deletes the task of a sandbox that has just stopped, waiting (up to 10 s) for
+    /// containerd to have taken in its exit: until then it refuses to delete a running task.
+    pub fn delete_stopped_task(&self, id: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match self.try_delete_task(id) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.code() == Code::NotFound => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => {
+                    return Err(describe(&format!("delete the stopped task of {id}"), e))
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+            }
+        }
     }
 }
 
-/// The runtime a sandbox runs with.
 /// Refuses `data` unless it hashes to `digest` (`sha256:` digests; others are not made here).
 pub fn verify_digest(digest: &str, data: &[u8]) -> Result<()> {
     let Some(expected) = digest.strip_prefix("sha256:") else {
@@ -451,6 +470,7 @@ pub fn verify_digest(digest: &str, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The runtime a sandbox runs with.
 pub fn runtime_name(c: &Container) -> &str {
     c.runtime.as_ref().map_or("", |r: &Runtime| r.name.as_str())
 }

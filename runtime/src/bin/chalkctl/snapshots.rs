@@ -136,7 +136,7 @@ pub fn finish(
             client.update_image(record(&snap, index))?;
             if suspend {
                 client.set_container_label(&id, SUSPENDED_FROM, Some(&snap.digest))?;
-                client.delete_task(&id);
+                client.delete_stopped_task(&id)?;
                 progress.step(&format!("released {id}'s sandbox"));
             }
             Ok(snap)
