@@ -3,6 +3,7 @@
 //! behind must not hang the checkpoint waiting for end-of-file.
 
 use std::{
+    fs::File,
     io::{Read, Seek, SeekFrom},
     os::unix::process::CommandExt,
     process::{Command, Stdio},
@@ -14,7 +15,7 @@ use crate::config::Place;
 /// How a command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// The exit status; None when it was killed (by a signal or the timeout).
+    /// The exit status (128 + signal when a signal ended it); None when it timed out.
     pub status: Option<i32>,
     /// stdout and stderr together, at most [`OUTPUT_LIMIT`] bytes (the end is kept).
     pub output: String,
@@ -62,46 +63,91 @@ pub fn tail(text: &str) -> String {
     format!("…{}", &text[start..])
 }
 
-/// Runs `cmd` with a deadline, in a process group of its own so that the timeout kills what
-/// it started too; stdin is empty, stdout and stderr are collected.
-pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Outcome, String> {
-    let program = format!("{:?}", cmd.get_program());
-    let mut out = tempfile::tempfile().map_err(|e| format!("output file for {program}: {e}"))?;
-    let err = out.try_clone().map_err(|e| e.to_string())?;
-    cmd.stdin(Stdio::null())
-        .stdout(out.try_clone().map_err(|e| e.to_string())?)
-        .stderr(err)
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| format!("start {program}: {e}"))?;
+/// A started command, however it was spawned (the shim's reaper owns its children's exits).
+pub trait Running {
+    fn pid(&self) -> u32;
+    /// The exit status once it has exited (128 + signal when killed).
+    fn try_wait(&mut self) -> std::io::Result<Option<i32>>;
+}
+
+impl Running for std::process::Child {
+    fn pid(&self) -> u32 {
+        self.id()
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<i32>> {
+        use std::os::unix::process::ExitStatusExt;
+        Ok(std::process::Child::try_wait(self)?
+            .map(|s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))))
+    }
+}
+
+/// A file for a command's stdout and stderr, and a second handle to read it back.
+pub fn output_file() -> Result<(File, File), String> {
+    let file = tempfile::tempfile().map_err(|e| format!("output file for a hook: {e}"))?;
+    let writer = file.try_clone().map_err(|e| e.to_string())?;
+    Ok((file, writer))
+}
+
+/// Waits for `child` until `timeout`; at the deadline calls `kill` with its pid and waits for
+/// it to go. `output` is the file its stdout and stderr went to.
+pub fn wait_with_timeout(
+    mut child: Box<dyn Running + '_>,
+    mut output: File,
+    timeout: Duration,
+    kill: impl FnOnce(u32),
+) -> Result<Outcome, String> {
     let deadline = Instant::now() + timeout;
     let mut timed_out = false;
+    let mut kill = Some(kill);
     let status = loop {
         if let Some(status) = child
             .try_wait()
-            .map_err(|e| format!("wait for {program}: {e}"))?
+            .map_err(|e| format!("wait for a hook: {e}"))?
         {
             break status;
         }
         if Instant::now() >= deadline {
-            timed_out = true;
-            // SAFETY: kill(2) of the process group we made for this child.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            break child
-                .wait()
-                .map_err(|e| format!("wait for {program}: {e}"))?;
+            if let Some(kill) = kill.take() {
+                timed_out = true;
+                kill(child.pid());
+            } else if Instant::now() >= deadline + KILL_GRACE {
+                return Err(format!("a hook outlived its kill by {KILL_GRACE:?}"));
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let mut text = String::new();
-    out.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
     let mut bytes = Vec::new();
-    out.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
-    text.push_str(&String::from_utf8_lossy(&bytes));
+    output.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    output.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
     Ok(Outcome {
-        status: status.code(),
-        output: tail(&text),
+        status: (!timed_out).then_some(status),
+        output: tail(&String::from_utf8_lossy(&bytes)),
         timed_out,
     })
+}
+
+/// How long a killed hook may take to be gone.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs a host command to completion or `timeout`, in a process group of its own so that the
+/// timeout kills what it started too; stdin is empty.
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Outcome, String> {
+    let (output, writer) = output_file()?;
+    cmd.stdin(Stdio::null())
+        .stdout(writer.try_clone().map_err(|e| e.to_string())?)
+        .stderr(writer)
+        .process_group(0);
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("start {:?}: {e}", cmd.get_program()))?;
+    wait_with_timeout(Box::new(child), output, timeout, kill_group)
+}
+
+/// SIGKILL to the process group `pid` leads.
+pub fn kill_group(pid: u32) {
+    // SAFETY: kill(2) of a process group this crate's caller made for the child.
+    unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
 }
 
 /// Host commands with a clean environment plus `env`.

@@ -641,16 +641,23 @@ fn under_terminal(e: &Env, ctr_args: &str) -> CtrOutput {
         Ok(p) if !p.is_empty() => ctr.replacen("ctr", &p, 1),
         _ => ctr,
     };
-    Command::new("script")
+    let mut child = Command::new("script")
         .args([
             "-qefc",
             &format!("stty cols 123 rows 45; {ctr} {ctr_args}"),
             "/dev/null",
         ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run script")
-        .into()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run script");
+    // script ends the session at end-of-file on its stdin, which /dev/null gives at once: a
+    // slow start could then lose the command's output. The pipe stays open until it is done.
+    let stdin = child.stdin.take();
+    let out = child.wait_with_output().expect("wait for script");
+    drop(stdin);
+    out.into()
 }
 
 fn tty_and_resize(e: &Env) -> TestResult {
@@ -981,6 +988,9 @@ mod snapshots;
 #[path = "e2e/chalkctl.rs"]
 mod chalkctl;
 
+#[path = "e2e/hooks.rs"]
+mod hooks;
+
 fn main() {
     let args = Arguments::from_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1071,6 +1081,14 @@ fn main() {
         (
             "chalkctl_refuses_what_it_cannot_fork",
             chalkctl::chalkctl_refuses_what_it_cannot_fork,
+        ),
+        (
+            "hooks_run_around_a_snapshot_and_in_each_fork",
+            hooks::hooks_run_around_a_snapshot_and_in_each_fork,
+        ),
+        (
+            "failing_hooks_abort_the_checkpoint_or_fail_the_restore",
+            hooks::failing_hooks_abort_the_checkpoint_or_fail_the_restore,
         ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.

@@ -4,9 +4,15 @@
 //! binary_name = "/usr/bin/runsc"   # runsc to run (a name is looked up on PATH)
 //! root = "/run/chalk"              # runsc state root; one directory per namespace below it
 //! log_level = "info"               # the shim's own log level: error, warn, info, debug, trace
+//! allow_annotation_hooks = false   # may pods add in-sandbox hooks (chalk.io/hooks)?
 //! [runsc_config]                   # each key becomes a global runsc flag: --key=value
 //! platform = "ptrace"
 //! network = "none"
+//! [[hooks]]                        # around checkpoint and restore (see chalk-hooks)
+//! stage = "post-restore"
+//! command = ["/bin/hostname", "fork"]
+//! [gpu]                            # the cuda-checkpoint handoff
+//! lock_timeout_secs = 10
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back
@@ -51,6 +57,12 @@ pub struct RuntimeOptions {
     pub log_level: Option<String>,
     #[serde(default)]
     pub runsc_config: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    pub hooks: Vec<chalk_hooks::HookSpec>,
+    #[serde(default)]
+    pub allow_annotation_hooks: bool,
+    #[serde(default)]
+    pub gpu: chalk_hooks::GpuOptions,
 }
 
 fn default_binary() -> String {
@@ -68,6 +80,9 @@ impl Default for RuntimeOptions {
             root: default_root(),
             log_level: None,
             runsc_config: BTreeMap::new(),
+            hooks: Vec::new(),
+            allow_annotation_hooks: false,
+            gpu: chalk_hooks::GpuOptions::default(),
         }
     }
 }
@@ -122,6 +137,9 @@ impl RuntimeOptions {
                     "log_level {level:?} is not one of off, error, warn, info, debug, trace"
                 ));
             }
+        }
+        for hook in &self.hooks {
+            hook.validate()?;
         }
         self.runsc_flags().map(|_| ())
     }
@@ -210,6 +228,33 @@ num-network-channels = 2
                 "--platform=ptrace"
             ]
         );
+    }
+
+    #[test]
+    fn hooks_and_gpu_options_are_read_and_checked() {
+        let text = r#"
+allow_annotation_hooks = true
+[[hooks]]
+stage = "pre-checkpoint"
+place = "host"
+command = ["/usr/bin/sync"]
+timeout_secs = 5
+[gpu]
+lock_timeout_secs = 3
+parallel = true
+"#;
+        let o = RuntimeOptions::parse(text, "t").unwrap();
+        assert_eq!(o.hooks.len(), 1);
+        assert_eq!(o.hooks[0].place, chalk_hooks::Place::Host);
+        assert!(o.allow_annotation_hooks && o.gpu.parallel);
+        assert_eq!(o.gpu.lock_timeout_secs, 3);
+        let relative = "[[hooks]]\nstage = \"post-restore\"\ncommand = [\"sync\"]\n";
+        let err = RuntimeOptions::parse(relative, "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("absolute path"), "{err}");
+        let stage = "[[hooks]]\nstage = \"later\"\ncommand = [\"/x\"]\n";
+        assert!(RuntimeOptions::parse(stage, "t").is_err());
     }
 
     #[test]

@@ -127,6 +127,8 @@ pub struct Container {
     pub restore_from: Option<PathBuf>,
     /// Whether the running sandbox came from a checkpoint (runsc treats those differently).
     pub restored: AtomicBool,
+    /// What runs around its checkpoints and restores: the options' hooks, then its own.
+    pub hooks: Vec<chalk_hooks::HookSpec>,
     pub state: Mutex<ContainerState>,
 }
 

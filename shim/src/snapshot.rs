@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use chalk_hooks::Stage;
 use chalk_runtime::{
     runsc::{Features, LeaveRunning, Runsc},
     snapshot::{
@@ -46,6 +47,8 @@ impl TaskService {
             .clone()
             .unwrap_or_else(|| PathBuf::from(&req.path));
         prepare_dir(&dir)?;
+        // A failing pre-checkpoint hook aborts the checkpoint before the sandbox is touched.
+        self.hooks_while_running(&c, Stage::PreCheckpoint, &dir)?;
         // What the manifest says about the source is gathered before the sandbox is touched.
         let mut manifest = self.describe(
             &c,
@@ -80,12 +83,41 @@ impl TaskService {
             started.elapsed() - runsc_time,
             dir.display()
         );
+        if !want.exit {
+            // The snapshot is taken: a failing post-checkpoint hook is the source's business.
+            if let Err(e) = self.hooks_while_running(&c, Stage::PostCheckpoint, &dir) {
+                log::warn!("container {}: {e}", c.id);
+            }
+        }
         let mut ev = TaskCheckpointed::new();
         ev.container_id = c.id.clone();
         ev.checkpoint = dir.display().to_string();
         self.events()
             .send(topics::TASK_CHECKPOINTED_EVENT_TOPIC, ev);
         Ok(())
+    }
+
+    /// Runs the hooks of `stage` with the sandbox running (containerd pauses a task around
+    /// Checkpoint: it is resumed for them and paused again after).
+    fn hooks_while_running(&self, c: &Container, stage: Stage, dir: &Path) -> Result<()> {
+        if !c.hooks.iter().any(|h| h.stage == stage) {
+            return Ok(());
+        }
+        let paused = c.state.lock().unwrap().init.status == Status::Paused;
+        if paused {
+            c.runsc.resume(&c.id)?;
+        }
+        let ran = crate::hooks::run(c, stage, Some(dir));
+        if paused {
+            c.runsc.pause(&c.id)?;
+        }
+        ran.map(drop).map_err(|e| {
+            let what = match stage {
+                Stage::PreCheckpoint => "checkpoint not taken",
+                _ => "checkpoint taken",
+            };
+            ShimError::FailedPrecondition(format!("container {}: {what}: {e}", c.id))
+        })
     }
 
     /// Ends the container's exec'd processes and waits for their exits to be recorded.

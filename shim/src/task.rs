@@ -254,6 +254,16 @@ impl TaskService {
                 req.id
             )));
         }
+        let hooks = chalk_hooks::config::container_hooks(
+            &opts.hooks,
+            opts.allow_annotation_hooks,
+            spec.pointer(&format!(
+                "/annotations/{}",
+                chalk_hooks::config::HOOKS_ANNOTATION.replace('/', "~1")
+            ))
+            .and_then(|v| v.as_str()),
+        )
+        .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)))?;
         let sandbox_id = crate::service::grouping(&bundle, &req.id);
         let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id, &sandbox_id)?;
         // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
@@ -335,6 +345,7 @@ impl TaskService {
             netns,
             restore_from,
             restored: Default::default(),
+            hooks,
             state: Mutex::new(ContainerState {
                 init: Process::new("", stdio.clone()),
                 execs: HashMap::new(),
@@ -548,9 +559,18 @@ impl TaskService {
             )?;
             st.init.pid = pid as u32;
             st.init.io = pio;
-            st.init.status = next;
             self.watch_init(&c, pid, started_at);
             log::info!("container {id}: restored from {}", image.display());
+            // A restore whose post-restore hooks fail has failed: its sandbox ends.
+            if let Err(e) = crate::hooks::run(&c, chalk_hooks::Stage::PostRestore, None) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {id}: restored, then {e}; the sandbox was stopped"
+                )));
+            }
         } else if let Err(e) = c.runsc.start(id) {
             // A sandbox whose start failed can never run: end it, so the task reads stopped
             // (as with runc) and its exit is reported, instead of lingering as created.
@@ -1077,7 +1097,7 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         .map_err(|e| ShimError::internal(format!("create {}", dir.display()), e))
 }
 
-fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::{io::Write, os::unix::fs::OpenOptionsExt};
     std::fs::OpenOptions::new()
         .write(true)

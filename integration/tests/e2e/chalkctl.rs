@@ -5,7 +5,7 @@ use chalk_integration::containerd::chalkctl_binary;
 use super::*;
 
 impl Env {
-    fn chalkctl(&self, args: &[&str]) -> CtrOutput {
+    pub(crate) fn chalkctl(&self, args: &[&str]) -> CtrOutput {
         let bin = chalkctl_binary().expect("chalkctl is built");
         Command::new(bin)
             .arg("--address")
@@ -18,7 +18,7 @@ impl Env {
             .into()
     }
 
-    fn chalkctl_json(&self, args: &[&str]) -> Result<serde_json::Value, Failed> {
+    pub(crate) fn chalkctl_json(&self, args: &[&str]) -> Result<serde_json::Value, Failed> {
         let mut all = vec!["--output", "json"];
         all.extend_from_slice(args);
         let out = self.chalkctl(&all);
