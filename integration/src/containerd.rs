@@ -13,6 +13,10 @@ use std::{
 
 /// The image every test and the demo runs.
 pub const IMAGE: &str = "docker.io/chalk/busybox:test";
+/// The busybox image with the cuda-checkpoint stand-in at /bin (and /usr/bin)/cuda-checkpoint.
+pub const GPU_STANDIN_IMAGE: &str = "docker.io/chalk/busybox-cuda-standin:test";
+/// The stand-in itself (integration/standin/cuda-checkpoint).
+pub const CUDA_CHECKPOINT_STANDIN: &[u8] = include_bytes!("../standin/cuda-checkpoint");
 
 /// Picks a program from an environment variable, else the name on PATH.
 pub fn program(var: &str, default: &str) -> PathBuf {
@@ -232,8 +236,18 @@ impl Containerd {
 
     /// Imports the busybox image as `name`; a non-empty `variant` gives it another digest.
     pub fn import_variant(&self, name: &str, variant: &str) -> io::Result<()> {
+        self.import_with(name, variant, &[])
+    }
+
+    /// Imports the busybox image with `extra` files as `name` (`variant` names its archive).
+    pub fn import_with(
+        &self,
+        name: &str,
+        variant: &str,
+        extra: &[crate::image::ExtraFile],
+    ) -> io::Result<()> {
         let busybox = program("CHALK_BUSYBOX", "/bin/busybox");
-        let layer = crate::image::busybox_layer(&busybox)?;
+        let layer = crate::image::busybox_layer_with(&busybox, extra)?;
         let archive = self.dir().join(format!(
             "busybox-{}.oci.tar",
             if variant.is_empty() { "plain" } else { variant }

@@ -86,6 +86,14 @@ fn add_dir(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32) -> io::Result<(
 
 /// The root filesystem layer: busybox, a link per applet, and the usual top-level dirs.
 pub fn busybox_layer(busybox: &Path) -> io::Result<Vec<u8>> {
+    busybox_layer_with(busybox, &[])
+}
+
+/// A file added to the busybox layer: path (relative), mode, content.
+pub type ExtraFile<'a> = (&'a str, u32, &'a [u8]);
+
+/// [`busybox_layer`] plus `extra` files (e.g. the cuda-checkpoint stand-in).
+pub fn busybox_layer_with(busybox: &Path, extra: &[ExtraFile]) -> io::Result<Vec<u8>> {
     let binary = std::fs::read(busybox)?;
     let list = Command::new(busybox).arg("--list").output()?;
     if !list.status.success() {
@@ -132,6 +140,9 @@ pub fn busybox_layer(busybox: &Path) -> io::Result<Vec<u8>> {
     add_file(&mut b, "etc/passwd", 0o644, PASSWD.as_bytes())?;
     add_file(&mut b, "etc/group", 0o644, GROUP.as_bytes())?;
     add_file(&mut b, "etc/hostname", 0o644, b"chalk\n")?;
+    for (path, mode, data) in extra {
+        add_file(&mut b, path, *mode, data)?;
+    }
     b.into_inner()
 }
 

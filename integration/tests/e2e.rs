@@ -991,6 +991,9 @@ mod chalkctl;
 #[path = "e2e/hooks.rs"]
 mod hooks;
 
+#[path = "e2e/gpu.rs"]
+mod gpu;
+
 fn main() {
     let args = Arguments::from_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1089,6 +1092,18 @@ fn main() {
         (
             "failing_hooks_abort_the_checkpoint_or_fail_the_restore",
             hooks::failing_hooks_abort_the_checkpoint_or_fail_the_restore,
+        ),
+        (
+            "fork_identity_example_gives_each_fork_its_own",
+            hooks::fork_identity_example_gives_each_fork_its_own,
+        ),
+        (
+            "gpu_standin_handoff_around_snapshot_fork_and_resume",
+            gpu::gpu_standin_handoff_around_snapshot_fork_and_resume,
+        ),
+        (
+            "gpu_standin_failures_leave_every_process_running",
+            gpu::gpu_standin_failures_leave_every_process_running,
         ),
     ];
     // Tests of an optional peer are listed as ignored, never passed, when it is absent.

@@ -129,6 +129,8 @@ pub struct Container {
     pub restored: AtomicBool,
     /// What runs around its checkpoints and restores: the options' hooks, then its own.
     pub hooks: Vec<chalk_hooks::HookSpec>,
+    /// Set for a GPU sandbox: how its CUDA processes are handed to cuda-checkpoint.
+    pub gpu: Option<crate::gpu::Gpu>,
     pub state: Mutex<ContainerState>,
 }
 

@@ -37,7 +37,8 @@ pub fn run(c: &Container, stage: Stage, snapshot_dir: Option<&Path>) -> Result<u
     run_stage(&c.hooks, stage, &ContainerExec(c), &env)
 }
 
-struct ContainerExec<'a>(&'a Container);
+/// Runs commands for container `.0`: in its sandbox or on the host.
+pub(crate) struct ContainerExec<'a>(pub(crate) &'a Container);
 
 /// A child the shim's reaper waits for.
 struct Reaped(Box<dyn chalk_runtime::runsc::Child>);

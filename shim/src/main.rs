@@ -4,6 +4,7 @@
 mod container;
 mod errors;
 mod events;
+mod gpu;
 mod hooks;
 mod images;
 mod info;

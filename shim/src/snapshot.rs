@@ -49,6 +49,20 @@ impl TaskService {
         prepare_dir(&dir)?;
         // A failing pre-checkpoint hook aborts the checkpoint before the sandbox is touched.
         self.hooks_while_running(&c, Stage::PreCheckpoint, &dir)?;
+        // CUDA state leaves the GPU (or nothing moves and the error says why).
+        let moved = while_running(&c, || crate::gpu::before_checkpoint(&c))?;
+        let gpu_options = c
+            .gpu
+            .as_ref()
+            .map(|g| g.options.clone())
+            .unwrap_or_default();
+        let put_back = |when: &str| {
+            if let Err(e) = while_running(&c, || crate::gpu::restore(&c, &gpu_options, &moved)) {
+                log::error!("container {}: CUDA processes {when}: {e}", c.id);
+                return Err(e);
+            }
+            Ok(())
+        };
         // What the manifest says about the source is gathered before the sandbox is touched.
         let mut manifest = self.describe(
             &c,
@@ -66,7 +80,15 @@ impl TaskService {
         };
         if let Err(e) = outcome {
             empty_dir(&dir);
+            if !want.exit {
+                let _ = put_back("after a failed checkpoint");
+            }
             return Err(e);
+        }
+        if let Some(facts) = crate::gpu::facts(&c, &moved) {
+            manifest
+                .extra
+                .insert(crate::gpu::MANIFEST_KEY.into(), facts);
         }
         let runsc_time = started.elapsed();
         let sealed = manifest::restrict_permissions(&dir).and_then(|_| manifest.seal(&dir, 0));
@@ -83,6 +105,13 @@ impl TaskService {
             started.elapsed() - runsc_time,
             dir.display()
         );
+        if !want.exit && !moved.is_empty() {
+            // The snapshot is on disk, but a source left without its GPU state fails it.
+            if let Err(e) = put_back("after the checkpoint") {
+                empty_dir(&dir);
+                return Err(e);
+            }
+        }
         if !want.exit {
             // The snapshot is taken: a failing post-checkpoint hook is the source's business.
             if let Err(e) = self.hooks_while_running(&c, Stage::PostCheckpoint, &dir) {
@@ -97,27 +126,20 @@ impl TaskService {
         Ok(())
     }
 
-    /// Runs the hooks of `stage` with the sandbox running (containerd pauses a task around
-    /// Checkpoint: it is resumed for them and paused again after).
+    /// Runs the hooks of `stage` with the sandbox running.
     fn hooks_while_running(&self, c: &Container, stage: Stage, dir: &Path) -> Result<()> {
         if !c.hooks.iter().any(|h| h.stage == stage) {
             return Ok(());
         }
-        let paused = c.state.lock().unwrap().init.status == Status::Paused;
-        if paused {
-            c.runsc.resume(&c.id)?;
-        }
-        let ran = crate::hooks::run(c, stage, Some(dir));
-        if paused {
-            c.runsc.pause(&c.id)?;
-        }
-        ran.map(drop).map_err(|e| {
-            let what = match stage {
-                Stage::PreCheckpoint => "checkpoint not taken",
-                _ => "checkpoint taken",
-            };
-            ShimError::FailedPrecondition(format!("container {}: {what}: {e}", c.id))
-        })
+        while_running(c, || Ok(crate::hooks::run(c, stage, Some(dir))))?
+            .map(drop)
+            .map_err(|e| {
+                let what = match stage {
+                    Stage::PreCheckpoint => "checkpoint not taken",
+                    _ => "checkpoint taken",
+                };
+                ShimError::FailedPrecondition(format!("container {}: {what}: {e}", c.id))
+            })
     }
 
     /// Ends the container's exec'd processes and waits for their exits to be recorded.
@@ -180,7 +202,8 @@ impl TaskService {
         let was_paused = checkpointable(c, st.init.status)?;
         match c.features.leave_running() {
             LeaveRunning::InPlace => {
-                c.runsc.checkpoint(&c.id, dir, true)?;
+                c.runsc
+                    .checkpoint(&c.id, dir, true, &crate::gpu::runsc_flags(c))?;
                 // The sandbox must read as containerd last saw it: paused stays paused.
                 let now = c.runsc.state(&c.id)?;
                 if now.pid > 0 && now.pid as u32 != st.init.pid {
@@ -198,7 +221,8 @@ impl TaskService {
                 Ok(())
             }
             LeaveRunning::RestoreAfter => {
-                c.runsc.checkpoint(&c.id, dir, false)?;
+                c.runsc
+                    .checkpoint(&c.id, dir, false, &crate::gpu::runsc_flags(c))?;
                 // The source sandbox has stopped. It comes back from what was just written,
                 // under the same id, with the same IO; its exit is never reported (its pid
                 // is no longer the init's when the watcher gets the lock).
@@ -243,7 +267,8 @@ impl TaskService {
         let (pid, exit) = {
             let st = c.state.lock().unwrap();
             checkpointable(c, st.init.status)?;
-            c.runsc.checkpoint(&c.id, dir, false)?;
+            c.runsc
+                .checkpoint(&c.id, dir, false, &crate::gpu::runsc_flags(c))?;
             (st.init.pid, st.init.exit.clone())
         };
         // containerd reads the task as stopped once Checkpoint returns.
@@ -373,6 +398,20 @@ impl TaskService {
         );
         Ok(dir.to_path_buf())
     }
+}
+
+/// Runs `f` with the sandbox running: containerd pauses a task around Checkpoint, and what
+/// runs inside it (hooks, cuda-checkpoint) needs it running; it is paused again after.
+fn while_running<T>(c: &Container, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let paused = c.state.lock().unwrap().init.status == Status::Paused;
+    if paused {
+        c.runsc.resume(&c.id)?;
+    }
+    let out = f();
+    if paused {
+        c.runsc.pause(&c.id)?;
+    }
+    out
 }
 
 /// Whether the init is paused; an error unless it is running or paused.

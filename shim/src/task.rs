@@ -14,6 +14,7 @@ use chalk_runtime::{
     caps, executable, ids, netns,
     options::RuntimeOptions,
     runsc::{ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
+    snapshot::Manifest,
     state::{self, Event as Transition, Status},
 };
 use containerd_shim::{
@@ -264,6 +265,7 @@ impl TaskService {
             .and_then(|v| v.as_str()),
         )
         .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)))?;
+        let gpu = crate::gpu::of(&spec, &opts.gpu, &opts.runsc_flags().unwrap_or_default());
         let sandbox_id = crate::service::grouping(&bundle, &req.id);
         let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id, &sandbox_id)?;
         // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
@@ -346,6 +348,7 @@ impl TaskService {
             restore_from,
             restored: Default::default(),
             hooks,
+            gpu,
             state: Mutex::new(ContainerState {
                 init: Process::new("", stdio.clone()),
                 execs: HashMap::new(),
@@ -561,7 +564,27 @@ impl TaskService {
             st.init.io = pio;
             self.watch_init(&c, pid, started_at);
             log::info!("container {id}: restored from {}", image.display());
-            // A restore whose post-restore hooks fail has failed: its sandbox ends.
+            // A restore whose CUDA processes cannot come back, or whose post-restore hooks
+            // fail, has failed: its sandbox ends.
+            let back = Manifest::load(image)
+                .map_err(ShimError::from)
+                .and_then(|m| {
+                    let options = c
+                        .gpu
+                        .as_ref()
+                        .map(|g| g.options.clone())
+                        .unwrap_or_default();
+                    crate::gpu::restore(&c, &options, &crate::gpu::moved_pids(&m.extra))
+                });
+            if let Err(e) = back {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {id}: restored, then {e}; the sandbox was stopped"
+                )));
+            }
             if let Err(e) = crate::hooks::run(&c, chalk_hooks::Stage::PostRestore, None) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),

@@ -237,3 +237,65 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
     }
     Ok(())
 }
+
+/// The shipped fork-identity example (hooks/examples/fork-identity.json): each fork gets its
+/// own machine id and hostname; the source keeps its own.
+pub fn fork_identity_example_gives_each_fork_its_own(e: &Env) -> TestResult {
+    let (src, forks) = ("hk-ident", ["hk-ident-f-1", "hk-ident-f-2"]);
+    e.remove(src);
+    for f in forks {
+        e.remove(f);
+    }
+    let mut taken = Vec::new();
+    let result = (|| {
+        let example: serde_json::Value =
+            serde_json::from_str(include_str!("../../../hooks/examples/fork-identity.json"))
+                .map_err(|e| e.to_string())?;
+        let out = e.run_with_hooks(src, &example, &[]);
+        ensure!(out.code == 0, "{out:?}");
+        e.sh(src, "mid", "echo source-id > /etc/machine-id");
+        let snap = e.chalkctl_json(&["snapshot", "create", "--id", src])?;
+        let digest = snap["id"].as_str().unwrap_or_default().to_string();
+        taken.push(digest.clone());
+        e.chalkctl_json(&[
+            "fork",
+            "--snapshot-id",
+            &digest,
+            "--id",
+            "hk-ident-f",
+            "--count",
+            "2",
+        ])?;
+        let identity = |id: &str| {
+            e.sh(id, "ident", "cat /etc/machine-id /etc/hostname")
+                .stdout
+        };
+        let (a, b, own) = (identity(forks[0]), identity(forks[1]), identity(src));
+        ensure!(
+            own.starts_with("source-id\n"),
+            "the source changed: {own:?}"
+        );
+        ensure!(
+            a != b && !a.contains("source-id") && !b.contains("source-id"),
+            "{a:?} {b:?}"
+        );
+        ensure!(
+            a.trim_end().ends_with("chalk-hkidentf1"),
+            "fork 1's hostname: {a:?}"
+        );
+        ensure!(
+            b.trim_end().ends_with("chalk-hkidentf2"),
+            "fork 2's hostname: {b:?}"
+        );
+        Ok(())
+    })();
+    e.remove(src);
+    for f in forks {
+        e.remove(f);
+    }
+    for d in &taken {
+        e.chalkctl(&["snapshot", "delete", "--snapshot-id", d]);
+    }
+    result?;
+    e.assert_clean(src)
+}

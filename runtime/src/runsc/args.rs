@@ -68,6 +68,8 @@ pub enum Op<'a> {
         id: &'a str,
         image_path: &'a Path,
         leave_running: bool,
+        /// Flags of this checkpoint only (runsc's own cuda-checkpoint handoff).
+        extra: &'a [String],
     },
     /// Creates sandbox `id` from a checkpoint, detached, like Create but already running.
     Restore {
@@ -173,12 +175,14 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
         Op::Checkpoint {
             image_path,
             leave_running,
+            extra,
             ..
         } => {
             a.extend(["--image-path".into(), image_path.into()]);
             if *leave_running {
                 a.push("--leave-running".into());
             }
+            a.extend(extra.iter().map(Into::into));
         }
         Op::Restore {
             bundle,
@@ -234,15 +238,20 @@ mod tests {
             render(Op::Checkpoint {
                 id: "c1",
                 image_path: Path::new("/ck"),
-                leave_running: true
+                leave_running: true,
+                extra: &["--cuda-checkpoint-path=/usr/bin/cuda-checkpoint".into()],
             }),
-            format!("{G} checkpoint --image-path /ck --leave-running c1")
+            format!(
+                "{G} checkpoint --image-path /ck --leave-running \
+                 --cuda-checkpoint-path=/usr/bin/cuda-checkpoint c1"
+            )
         );
         assert_eq!(
             render(Op::Checkpoint {
                 id: "c1",
                 image_path: Path::new("/ck"),
-                leave_running: false
+                leave_running: false,
+                extra: &[],
             }),
             format!("{G} checkpoint --image-path /ck c1")
         );

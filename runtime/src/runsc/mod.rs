@@ -313,12 +313,19 @@ impl Runsc {
 
     /// `runsc checkpoint` into `image_path`; with `leave_running` the sandbox goes on (see
     /// [`Features::leave_running`] for which builds do that in place).
-    pub fn checkpoint(&self, id: &str, image_path: &Path, leave_running: bool) -> Result<()> {
+    pub fn checkpoint(
+        &self,
+        id: &str,
+        image_path: &Path,
+        leave_running: bool,
+        extra: &[String],
+    ) -> Result<()> {
         self.run(
             Op::Checkpoint {
                 id,
                 image_path,
                 leave_running,
+                extra,
             },
             None,
         )

@@ -332,6 +332,7 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
         "host": m["host"]["hostname"],
         "files": m["files"].as_array().map_or(0, |f| f.len()),
         "size": size,
+        "gpu": m["extra"]["gpu"],
     }))
 }
 
