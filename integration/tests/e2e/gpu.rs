@@ -194,6 +194,7 @@ pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
         for (control, expect) in [
             ("fail lock", "--action lock"),
             ("fail checkpoint", "--action checkpoint"),
+            ("noop checkpoint", "not checkpointed"),
             ("hang lock", "timed out after 1000 ms"),
             ("fail restore", "--action restore"),
         ] {
@@ -234,7 +235,7 @@ pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
         for item in failed["items"].as_array().into_iter().flatten() {
             taken.push(item["name"].as_str().unwrap_or_default().to_string());
         }
-        ensure!(taken.len() == 4, "failed snapshots: {failed}");
+        ensure!(taken.len() == 5, "failed snapshots: {failed}");
         Ok(())
     })();
     e.remove(id);
