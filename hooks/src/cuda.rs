@@ -153,13 +153,27 @@ impl<'a> Handoff<'a> {
                 other => Err(format!("it reads {other:?}, not checkpointed")),
             }),
         ];
-        for (name, step) in steps {
+        self.steps(pids, &steps, true)
+    }
+
+    /// Runs `steps` over `pids` in order; at a failure, rolls back when asked.
+    fn steps(
+        &self,
+        pids: &[u32],
+        steps: &[(&'static str, Step)],
+        roll_back: bool,
+    ) -> Result<(), HandoffError> {
+        for &(name, step) in steps {
             if let Err((pid, message)) = self.each(pids, step) {
                 return Err(HandoffError {
                     step: name,
                     pid,
                     message,
-                    not_rolled_back: self.roll_back(pids),
+                    not_rolled_back: if roll_back {
+                        self.roll_back(pids)
+                    } else {
+                        Vec::new()
+                    },
                 });
             }
         }
@@ -193,17 +207,7 @@ impl<'a> Handoff<'a> {
             ("restore", |h, p| h.call("restore", p)),
             ("unlock", |h, p| h.call("unlock", p)),
         ];
-        for (name, step) in steps {
-            if let Err((pid, message)) = self.each(pids, step) {
-                return Err(HandoffError {
-                    step: name,
-                    pid,
-                    message,
-                    not_rolled_back: Vec::new(),
-                });
-            }
-        }
-        Ok(())
+        self.steps(pids, &steps, false)
     }
 }
 

@@ -18,6 +18,27 @@ impl Env {
             .into()
     }
 
+    /// Removes `ids` and deletes `snapshots` whatever `result` was; then, if it passed,
+    /// checks that nothing of `ids` is left.
+    pub(crate) fn conclude(
+        &self,
+        result: TestResult,
+        ids: &[&str],
+        snapshots: &[String],
+    ) -> TestResult {
+        for id in ids {
+            self.remove(id);
+        }
+        for s in snapshots {
+            self.chalkctl(&["snapshot", "delete", "--snapshot-id", s]);
+        }
+        result?;
+        for id in ids {
+            self.assert_clean(id)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn chalkctl_json(&self, args: &[&str]) -> Result<serde_json::Value, Failed> {
         let mut all = vec!["--output", "json"];
         all.extend_from_slice(args);
@@ -473,15 +494,6 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         );
         Ok(())
     })();
-    for name in &taken {
-        e.chalkctl(&["snapshot", "delete", "--snapshot-id", name]);
-    }
-    for id in [src, idle].iter().chain(&ids) {
-        e.remove(id);
-    }
-    result?;
-    for id in [src, idle].iter().chain(&ids) {
-        e.assert_clean(id)?;
-    }
-    Ok(())
+    let all: Vec<&str> = [src, idle].into_iter().chain(ids).collect();
+    e.conclude(result, &all, &taken)
 }

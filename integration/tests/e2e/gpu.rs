@@ -167,17 +167,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
         );
         Ok(())
     })();
-    for id in [src, fork] {
-        e.remove(id);
-    }
-    for d in &taken {
-        e.chalkctl(&["snapshot", "delete", "--snapshot-id", d]);
-    }
-    result?;
-    for id in [src, fork] {
-        e.assert_clean(id)?;
-    }
-    Ok(())
+    e.conclude(result, &[src, fork], &taken)
 }
 
 pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
@@ -238,10 +228,5 @@ pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
         ensure!(taken.len() == 5, "failed snapshots: {failed}");
         Ok(())
     })();
-    e.remove(id);
-    for d in &taken {
-        e.chalkctl(&["snapshot", "delete", "--snapshot-id", d]);
-    }
-    result?;
-    e.assert_clean(id)
+    e.conclude(result, &[id], &taken)
 }

@@ -81,17 +81,7 @@ pub fn hooks_run_around_a_snapshot_and_in_each_fork(e: &Env) -> TestResult {
         );
         Ok(())
     })();
-    for id in [src, fork] {
-        e.remove(id);
-    }
-    for d in &taken {
-        e.chalkctl(&["snapshot", "delete", "--snapshot-id", d]);
-    }
-    result?;
-    for id in [src, fork] {
-        e.assert_clean(id)?;
-    }
-    Ok(())
+    e.conclude(result, &[src, fork], &taken)
 }
 
 pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestResult {
@@ -225,17 +215,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
         );
         Ok(())
     })();
-    for id in ids {
-        e.remove(id);
-    }
-    for d in &taken {
-        e.chalkctl(&["snapshot", "delete", "--snapshot-id", d]);
-    }
-    result?;
-    for id in ids {
-        e.assert_clean(id)?;
-    }
-    Ok(())
+    e.conclude(result, &ids, &taken)
 }
 
 /// The shipped fork-identity example (hooks/examples/fork-identity.json): each fork gets its
@@ -289,13 +269,5 @@ pub fn fork_identity_example_gives_each_fork_its_own(e: &Env) -> TestResult {
         );
         Ok(())
     })();
-    e.remove(src);
-    for f in forks {
-        e.remove(f);
-    }
-    for d in &taken {
-        e.chalkctl(&["snapshot", "delete", "--snapshot-id", d]);
-    }
-    result?;
-    e.assert_clean(src)
+    e.conclude(result, &[src, forks[0], forks[1]], &taken)
 }
