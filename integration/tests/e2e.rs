@@ -994,6 +994,9 @@ mod hooks;
 #[path = "e2e/gpu.rs"]
 mod gpu;
 
+#[path = "e2e/install.rs"]
+mod install;
+
 fn main() {
     let args = Arguments::from_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1096,6 +1099,14 @@ fn main() {
         (
             "fork_identity_example_gives_each_fork_its_own",
             hooks::fork_identity_example_gives_each_fork_its_own,
+        ),
+        (
+            "installer_registers_the_runtime_and_uninstalls_exactly",
+            install::installer_registers_the_runtime_and_uninstalls_exactly,
+        ),
+        (
+            "debian_package_installs_and_purges",
+            install::debian_package_installs_and_purges,
         ),
         (
             "gpu_standin_handoff_around_snapshot_fork_and_resume",

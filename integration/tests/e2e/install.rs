@@ -1,0 +1,253 @@
+//! packaging/install.sh against a private config (never the system's): what containerd then
+//! reads, idempotence, --dry-run, --uninstall, and a foreign `chalk` runtime left alone.
+
+use std::path::Path;
+
+use chalk_integration::containerd::{program, shim_binary};
+
+use super::*;
+
+fn installer() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/install.sh")
+}
+
+/// Runs the installer with every path under `dir`, containerd (for the config version) first
+/// on PATH.
+fn install(dir: &Path, extra: &[&str]) -> CtrOutput {
+    let from = shim_binary().expect("shim built");
+    let from = from.parent().expect("bin dir");
+    let containerd = program("CHALK_CONTAINERD", "containerd");
+    let path = format!(
+        "{}:{}",
+        containerd
+            .parent()
+            .map(|p| p.display().to_string())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/usr/bin".into()),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("bash")
+        .arg(installer())
+        .arg("--from")
+        .arg(from)
+        .arg("--bin-dir")
+        .arg(dir.join("bin"))
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .arg("--options")
+        .arg(dir.join("chalk.toml"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .args(extra)
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run install.sh")
+        .into()
+}
+
+/// What containerd makes of `config`: its `config dump`.
+fn dump(config: &Path) -> Result<String, Failed> {
+    let out = Command::new(program("CHALK_CONTAINERD", "containerd"))
+        .arg("--config")
+        .arg(config)
+        .args(["config", "dump"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    ensure!(
+        out.status.success(),
+        "config dump: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn installer_registers_the_runtime_and_uninstalls_exactly(_e: &Env) -> TestResult {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let d = dir.path();
+    let config = d.join("config.toml");
+    // A config someone already has: the installer must keep all of it.
+    let version = Command::new(program("CHALK_CONTAINERD", "containerd"))
+        .arg("--version")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let major2 = String::from_utf8_lossy(&version.stdout).contains("/v2 ");
+    let original = if major2 {
+        "version = 3\n\n[plugins.\"io.containerd.cri.v1.images\"]\n  snapshotter = \"native\"\n"
+    } else {
+        "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"pause:3.9\"\n"
+    };
+    std::fs::write(&config, original).map_err(|e| e.to_string())?;
+
+    let dry = install(d, &["--dry-run"]);
+    ensure!(
+        dry.code == 0 && dry.stdout.contains("would"),
+        "dry run: {dry:?}"
+    );
+    ensure!(
+        std::fs::read_to_string(&config).unwrap_or_default() == original && !d.join("bin").exists(),
+        "--dry-run changed something"
+    );
+
+    let out = install(d, &[]);
+    ensure!(
+        out.code == 0 && out.stdout.contains("Restart containerd"),
+        "install: {out:?}"
+    );
+    let installed = std::fs::read_to_string(&config).map_err(|e| e.to_string())?;
+    ensure!(
+        installed.starts_with(original),
+        "the old config was not kept: {installed}"
+    );
+    for b in ["containerd-shim-chalk-v1", "chalkctl"] {
+        ensure!(d.join("bin").join(b).exists(), "{b} not installed");
+    }
+    ensure!(d.join("chalk.toml").exists(), "options not installed");
+    // containerd reads the runtime, pointing at the options file.
+    let text = dump(&config)?;
+    let options = d.join("chalk.toml").display().to_string();
+    ensure!(
+        text.contains("runtimes.chalk]")
+            && text.contains("io.containerd.chalk.v1")
+            && text.contains(&options),
+        "containerd does not see the runtime: {text}"
+    );
+    if major2 {
+        ensure!(
+            text.contains("snapshotter = 'native'"),
+            "the old setting is gone: {text}"
+        );
+    } else {
+        ensure!(
+            text.contains("sandbox_image = \"pause:3.9\""),
+            "the old setting is gone: {text}"
+        );
+    }
+
+    // Again: nothing changes.
+    let again = install(d, &[]);
+    ensure!(again.code == 0, "{again:?}");
+    ensure!(
+        std::fs::read_to_string(&config).unwrap_or_default() == installed,
+        "a second install changed the config"
+    );
+
+    // Uninstall: exactly the original config, no binaries, no options file.
+    let out = install(d, &["--uninstall"]);
+    ensure!(out.code == 0, "uninstall: {out:?}");
+    ensure!(
+        std::fs::read_to_string(&config).unwrap_or_default() == original,
+        "uninstall left the config changed"
+    );
+    for p in ["bin/containerd-shim-chalk-v1", "bin/chalkctl", "chalk.toml"] {
+        ensure!(!d.join(p).exists(), "uninstall left {p}");
+    }
+
+    // A `chalk` runtime the installer did not write is not touched.
+    let foreign = format!(
+        "{original}\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.chalk]\n  runtime_type = \"x\"\n"
+    );
+    std::fs::write(&config, &foreign).map_err(|e| e.to_string())?;
+    let out = install(d, &[]);
+    ensure!(
+        out.code != 0 && out.stderr.contains("already has a runtime named chalk"),
+        "foreign runtime: {out:?}"
+    );
+    ensure!(
+        std::fs::read_to_string(&config).unwrap_or_default() == foreign,
+        "the refused install changed the config"
+    );
+    Ok(())
+}
+
+/// The Debian package (packaging/deb/build) installed on this machine with dpkg, then purged.
+pub fn debian_package_installs_and_purges(_e: &Env) -> TestResult {
+    let installed = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "chalk-shim"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    ensure!(
+        !String::from_utf8_lossy(&installed.stdout).contains("installed"),
+        "chalk-shim is already installed here: this test installs and purges the package, \
+         remove it first (dpkg --purge chalk-shim)"
+    );
+    let out_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let from = shim_binary().map_err(|e| e.to_string())?;
+    let build = Command::new("bash")
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/deb/build"))
+        .arg("--from")
+        .arg(from.parent().ok_or("no bin dir")?)
+        .arg("--out")
+        .arg(out_dir.path())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let deb = String::from_utf8_lossy(&build.stdout).trim().to_string();
+    ensure!(
+        build.status.success() && deb.ends_with(".deb"),
+        "deb/build: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let dpkg = |args: &[&str]| -> CtrOutput {
+        Command::new("dpkg")
+            .args(["--force-confdef", "--force-confold"])
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()
+            .expect("run dpkg")
+            .into()
+    };
+    // containerd may come from another package name here (or be built): the dependency is
+    // what apt resolves on a node; this checks the files.
+    let out = dpkg(&["--force-depends", "-i", &deb]);
+    let result = (|| {
+        ensure!(out.code == 0, "dpkg -i: {out:?}");
+        ensure!(
+            out.stdout.contains("install.sh --config-only"),
+            "postinst: {out:?}"
+        );
+        for f in [
+            "/usr/bin/containerd-shim-chalk-v1",
+            "/usr/bin/chalkctl",
+            "/etc/containerd/chalk.toml",
+            "/usr/share/chalk-shim/install.sh",
+            "/usr/share/chalk-shim/kubernetes/runtimeclass.yaml",
+        ] {
+            ensure!(Path::new(f).exists(), "{f} is not installed");
+        }
+        let v = Command::new("/usr/bin/chalkctl")
+            .arg("--version")
+            .output()
+            .map_err(|e| e.to_string())?;
+        ensure!(v.status.success(), "chalkctl --version failed");
+        // The packaged installer registers the runtime only (dry run on a private config).
+        let cfg = out_dir.path().join("config.toml");
+        std::fs::write(&cfg, "version = 2\n").map_err(|e| e.to_string())?;
+        let reg = Command::new("bash")
+            .args([
+                "/usr/share/chalk-shim/install.sh",
+                "--config-only",
+                "--config",
+            ])
+            .arg(&cfg)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = std::fs::read_to_string(&cfg).unwrap_or_default();
+        ensure!(
+            reg.status.success() && text.contains("ConfigPath = \"/etc/containerd/chalk.toml\""),
+            "packaged installer: {} {text}",
+            String::from_utf8_lossy(&reg.stderr)
+        );
+        Ok(())
+    })();
+    let purge = dpkg(&["--purge", "chalk-shim"]);
+    result?;
+    ensure!(purge.code == 0, "dpkg --purge: {purge:?}");
+    for f in [
+        "/usr/bin/containerd-shim-chalk-v1",
+        "/usr/bin/chalkctl",
+        "/etc/containerd/chalk.toml",
+    ] {
+        ensure!(!Path::new(f).exists(), "{f} is still there after purge");
+    }
+    Ok(())
+}
