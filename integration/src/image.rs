@@ -154,10 +154,20 @@ pub fn oci_archive(layer: &[u8], name: &str) -> io::Result<Vec<u8>> {
 /// Like [`oci_archive`], with a `chalk.variant` label in the image config when `variant` is
 /// not empty: the same files under another digest.
 pub fn oci_archive_labelled(layer: &[u8], name: &str, variant: &str) -> io::Result<Vec<u8>> {
+    oci_archive_running(layer, name, variant, &["/bin/sh"])
+}
+
+/// Like [`oci_archive_labelled`], with `cmd` as the image's command.
+pub fn oci_archive_running(
+    layer: &[u8],
+    name: &str,
+    variant: &str,
+    cmd: &[&str],
+) -> io::Result<Vec<u8>> {
     let tag = name.rsplit(':').next().unwrap_or("latest");
     let layer_digest = sha256(layer);
     let mut image_config = serde_json::json!({
-        "Env": ["PATH=/bin:/sbin:/usr/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/"
+        "Env": ["PATH=/bin:/sbin:/usr/bin"], "Cmd": cmd, "WorkingDir": "/"
     });
     if !variant.is_empty() {
         image_config["Labels"] = serde_json::json!({ "chalk.variant": variant });

@@ -1109,6 +1109,10 @@ fn main() {
             install::debian_package_installs_and_purges,
         ),
         (
+            "node_installer_image_installs_onto_the_host_root",
+            install::node_installer_image_installs_onto_the_host_root,
+        ),
+        (
             "gpu_standin_handoff_around_snapshot_fork_and_resume",
             gpu::gpu_standin_handoff_around_snapshot_fork_and_resume,
         ),

@@ -251,3 +251,84 @@ pub fn debian_package_installs_and_purges(_e: &Env) -> TestResult {
     }
     Ok(())
 }
+
+/// The node installer's image (what the DaemonSet runs), run in a sandbox with a directory
+/// standing for the node's root: it copies the binaries, installer and options there.
+pub fn node_installer_image_installs_onto_the_host_root(e: &Env) -> TestResult {
+    let id = "node-installer";
+    e.remove(id);
+    let shim = shim_binary().map_err(|e| e.to_string())?;
+    let bin_dir = shim.parent().ok_or("no bin dir")?;
+    let archive = e.c.dir().join("installer.oci.tar");
+    let name = "docker.io/chalk/chalk-shim-installer:test";
+    let built = Command::new(bin_dir.join("chalk-installer-image"))
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .arg("--out")
+        .arg(&archive)
+        .args(["--name", name])
+        .output()
+        .map_err(|e| e.to_string())?;
+    ensure!(
+        built.status.success(),
+        "chalk-installer-image: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let out = e.ctr(&["images", "import", archive.to_str().unwrap_or("")]);
+    ensure!(out.code == 0, "import: {out:?}");
+    let host = tempfile::tempdir().map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(host.path().join("etc")).map_err(|e| e.to_string())?;
+    std::fs::write(host.path().join("etc/hostname"), "node-1\n").map_err(|e| e.to_string())?;
+    let mount = format!(
+        "type=bind,src={},dst=/host,options=rbind:rw",
+        host.path().display()
+    );
+    let result = (|| {
+        let out = e.ctr(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--env",
+            "REGISTER_RUNTIME=false",
+            "--mount",
+            &mount,
+            name,
+            id,
+        ]);
+        ensure!(out.code == 0, "run the installer: {out:?}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while e.sh(id, "done", "test -e /tmp/installed").code != 0 {
+            ensure!(Instant::now() < deadline, "the installer did not finish");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let h = host.path();
+        let same = |a: &Path, b: &Path| std::fs::read(a).ok() == std::fs::read(b).ok();
+        ensure!(
+            same(&h.join("usr/local/bin/containerd-shim-chalk-v1"), &shim),
+            "the shim on the host differs from the built one"
+        );
+        ensure!(
+            same(&h.join("usr/local/bin/chalkctl"), &bin_dir.join("chalkctl")),
+            "chalkctl on the host differs from the built one"
+        );
+        for f in [
+            "usr/local/share/chalk-shim/install.sh",
+            "usr/local/share/chalk-shim/runtimeclass.yaml",
+            "etc/containerd/chalk.toml",
+        ] {
+            ensure!(h.join(f).exists(), "{f} is not on the host");
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(h.join("usr/local/bin/containerd-shim-chalk-v1"))
+            .map_err(|e| e.to_string())?
+            .permissions()
+            .mode();
+        ensure!(mode & 0o777 == 0o755, "shim mode {mode:o}");
+        Ok(())
+    })();
+    e.remove(id);
+    e.ctr(&["images", "rm", name]);
+    result?;
+    e.assert_clean(id)
+}
