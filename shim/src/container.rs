@@ -113,6 +113,13 @@ impl ContainerState {
     }
 }
 
+/// A verified checkpoint, and what its manifest says a restore must undo.
+pub struct RestoreFrom {
+    pub dir: PathBuf,
+    /// The CUDA processes moved off the GPU before it was taken.
+    pub cuda_pids: Vec<u32>,
+}
+
 pub struct Container {
     pub id: String,
     /// The pod sandbox this container belongs to (its own id when alone).
@@ -124,7 +131,7 @@ pub struct Container {
     pub rootfs_mounted: bool,
     pub netns: Option<PathBuf>,
     /// A verified checkpoint to restore at Start instead of starting afresh.
-    pub restore_from: Option<PathBuf>,
+    pub restore_from: Option<RestoreFrom>,
     /// Whether the running sandbox came from a checkpoint (runsc treats those differently).
     pub restored: AtomicBool,
     /// What runs around its checkpoints and restores: the options' hooks, then its own.

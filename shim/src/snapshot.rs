@@ -24,7 +24,7 @@ use containerd_shim::{
 };
 
 use crate::{
-    container::Container,
+    container::{Container, RestoreFrom},
     errors::{Result, ShimError},
     images, runtime_options,
     task::{Launch, TaskService},
@@ -333,7 +333,7 @@ impl TaskService {
         runsc: &Runsc,
         features: &Features,
         spec: &serde_json::Value,
-    ) -> Result<PathBuf> {
+    ) -> Result<RestoreFrom> {
         if !dir.is_absolute() {
             return Err(ShimError::InvalidArgument(format!(
                 "checkpoint directory {} is not absolute",
@@ -396,7 +396,10 @@ impl TaskService {
             m.total_size(),
             started.elapsed()
         );
-        Ok(dir.to_path_buf())
+        Ok(RestoreFrom {
+            dir: dir.to_path_buf(),
+            cuda_pids: crate::gpu::moved_pids(&m.extra),
+        })
     }
 }
 

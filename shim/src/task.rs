@@ -14,7 +14,6 @@ use chalk_runtime::{
     caps, executable, ids, netns,
     options::RuntimeOptions,
     runsc::{ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
-    snapshot::Manifest,
     state::{self, Event as Transition, Status},
 };
 use containerd_shim::{
@@ -550,42 +549,33 @@ impl TaskService {
         // The lock is held across runsc start so an exit cannot be reported before TaskStart.
         let mut st = c.state.lock().unwrap();
         let next = state::transition(id, st.init.status, Transition::Start)?;
-        if let Some(image) = &c.restore_from {
+        if let Some(from) = &c.restore_from {
             let started_at = Instant::now();
             let (pid, pio) = self.launch_sandbox(
                 &c,
                 &st.init.stdio.clone(),
                 Launch::Restore {
-                    image,
+                    image: &from.dir,
                     previous: None,
                 },
             )?;
             st.init.pid = pid as u32;
             st.init.io = pio;
             self.watch_init(&c, pid, started_at);
-            log::info!("container {id}: restored from {}", image.display());
+            log::info!("container {id}: restored from {}", from.dir.display());
             // A restore whose CUDA processes cannot come back, or whose post-restore hooks
             // fail, has failed: its sandbox ends.
-            let back = Manifest::load(image)
-                .map_err(ShimError::from)
-                .and_then(|m| {
-                    let options = c
-                        .gpu
-                        .as_ref()
-                        .map(|g| g.options.clone())
-                        .unwrap_or_default();
-                    crate::gpu::restore(&c, &options, &crate::gpu::moved_pids(&m.extra))
-                });
-            if let Err(e) = back {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                return Err(ShimError::FailedPrecondition(format!(
-                    "container {id}: restored, then {e}; the sandbox was stopped"
-                )));
-            }
-            if let Err(e) = crate::hooks::run(&c, chalk_hooks::Stage::PostRestore, None) {
+            let options = c
+                .gpu
+                .as_ref()
+                .map(|g| g.options.clone())
+                .unwrap_or_default();
+            let settled = crate::gpu::restore(&c, &options, &from.cuda_pids).and_then(|_| {
+                crate::hooks::run(&c, chalk_hooks::Stage::PostRestore, None)
+                    .map(drop)
+                    .map_err(|e| ShimError::FailedPrecondition(e.to_string()))
+            });
+            if let Err(e) = settled {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,

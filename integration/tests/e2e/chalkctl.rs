@@ -39,6 +39,23 @@ impl Env {
         Ok(())
     }
 
+    /// `chalkctl snapshot create` of `id`: the snapshot's digest.
+    pub(crate) fn snapshot_of(&self, id: &str) -> Result<String, Failed> {
+        let out = self.chalkctl_json(&["snapshot", "create", "--id", id])?;
+        Ok(out["id"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// `chalkctl suspend` then `resume` of `id`: the digest of the snapshot it went through.
+    pub(crate) fn suspend_and_resume(&self, id: &str) -> Result<String, Failed> {
+        let out = self.chalkctl_json(&["suspend", "--id", id])?;
+        let digest = out["snapshot"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        self.chalkctl_json(&["resume", "--id", id])?;
+        Ok(digest)
+    }
+
     pub(crate) fn chalkctl_json(&self, args: &[&str]) -> Result<serde_json::Value, Failed> {
         let mut all = vec!["--output", "json"];
         all.extend_from_slice(args);

@@ -106,8 +106,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
         ensure!(pids.len() == 2 && pids[0] == 1, "registered: {states:?}");
 
         // Snapshot: lock, checkpoint (each, in order), runsc checkpoint, restore, unlock.
-        let snap = e.chalkctl_json(&["snapshot", "create", "--id", src])?;
-        let digest = snap["id"].as_str().unwrap_or_default().to_string();
+        let digest = e.snapshot_of(src)?;
         taken.push(digest.clone());
         let moved_out = calls(&["lock", "checkpoint"], &pids);
         let moved_back = calls(&["restore", "unlock"], &pids);
@@ -150,14 +149,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
         );
 
         // Suspend moves them out and stops; resume moves them back.
-        let out = e.chalkctl_json(&["suspend", "--id", src])?;
-        taken.push(
-            out["snapshot"]["id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        );
-        e.chalkctl_json(&["resume", "--id", src])?;
+        taken.push(e.suspend_and_resume(src)?);
         let (states, log) = e.cuda(src);
         let expected = [moved_out.clone(), moved_back.clone(), moved_out, moved_back].concat();
         ensure!(log == expected, "resumed source's calls: {log:?}");

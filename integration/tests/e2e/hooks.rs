@@ -49,8 +49,7 @@ pub fn hooks_run_around_a_snapshot_and_in_each_fork(e: &Env) -> TestResult {
         let out = e.run_with_hooks(src, &hooks, &[]);
         ensure!(out.code == 0, "{out:?}");
         std::thread::sleep(Duration::from_millis(300));
-        let snap = e.chalkctl_json(&["snapshot", "create", "--id", src])?;
-        let digest = snap["id"].as_str().unwrap_or_default().to_string();
+        let digest = e.snapshot_of(src)?;
         taken.push(digest.clone());
         ensure!(
             e.hook_log(src) == "pre hk-src\npost hk-src\n",
@@ -66,14 +65,7 @@ pub fn hooks_run_around_a_snapshot_and_in_each_fork(e: &Env) -> TestResult {
             e.hook_log(fork)
         );
         // Suspend and resume: the resumed sandbox runs post-restore too.
-        let out = e.chalkctl_json(&["suspend", "--id", src])?;
-        taken.push(
-            out["snapshot"]["id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        );
-        e.chalkctl_json(&["resume", "--id", src])?;
+        taken.push(e.suspend_and_resume(src)?);
         ensure!(
             e.hook_log(src) == "pre hk-src\npost hk-src\npre hk-src\nrestored hk-src\n",
             "resumed source's log: {:?}",
@@ -157,8 +149,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
             "command": ["/bin/sh", "-c", "echo no identity >&2; exit 4"]}]);
         let out = e.run_with_hooks(ids[2], &bad_restore, &[]);
         ensure!(out.code == 0, "{out:?}");
-        let snap = e.chalkctl_json(&["snapshot", "create", "--id", ids[2]])?;
-        let digest = snap["id"].as_str().unwrap_or_default().to_string();
+        let digest = e.snapshot_of(ids[2])?;
         taken.push(digest.clone());
         let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--id", ids[3]]);
         let all = format!("{}{}", out.stdout, out.stderr);
@@ -197,8 +188,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
             snapshots::COUNTER,
         ]);
         ensure!(out.code == 0, "{out:?}");
-        let snap = e.chalkctl_json(&["snapshot", "create", "--id", ids[4]])?;
-        taken.push(snap["id"].as_str().unwrap_or_default().to_string());
+        taken.push(e.snapshot_of(ids[4])?);
         let got = std::fs::read_to_string(&marker).unwrap_or_default();
         ensure!(
             got == "pre-checkpoint hk-host dir\n",
@@ -234,8 +224,7 @@ pub fn fork_identity_example_gives_each_fork_its_own(e: &Env) -> TestResult {
         let out = e.run_with_hooks(src, &example, &[]);
         ensure!(out.code == 0, "{out:?}");
         e.sh(src, "mid", "echo source-id > /etc/machine-id");
-        let snap = e.chalkctl_json(&["snapshot", "create", "--id", src])?;
-        let digest = snap["id"].as_str().unwrap_or_default().to_string();
+        let digest = e.snapshot_of(src)?;
         taken.push(digest.clone());
         e.chalkctl_json(&[
             "fork",
