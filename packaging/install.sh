@@ -69,8 +69,16 @@ entry() {
         3) plugin='io.containerd.cri.v1.runtime".containerd.runtimes.chalk' ;;
         *) echo "install.sh: containerd config version $1 is not supported (2 or 3)" >&2; exit 1 ;;
     esac
+    echo "$begin"
+    if [ "$1" = 2 ] && ! without_block_of_config | grep -q 'containerd\.runtimes\.runc\]'; then
+        # containerd 1.6/1.7 replace their default runtimes with those a config names: keep
+        # runc, the default, or CRI stops loading.
+        cat <<EOF
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+EOF
+    fi
     cat <<EOF
-$begin
 [plugins."$plugin]
   runtime_type = "io.containerd.chalk.v1"
   pod_annotations = ["chalk.io/*"]
@@ -79,6 +87,11 @@ $begin
     ConfigPath = "$options"
 $end
 EOF
+}
+
+# The config without our block (nothing when there is no config yet).
+without_block_of_config() {
+    if [ -f "$config" ]; then without_block "$config"; fi
 }
 
 # `file` without our block.

@@ -112,6 +112,12 @@ pub fn installer_registers_the_runtime_and_uninstalls_exactly(_e: &Env) -> TestR
             && text.contains(&options),
         "containerd does not see the runtime: {text}"
     );
+    // containerd 1.6 drops its default runc runtime when a config names any runtime: the
+    // installer keeps it, or CRI would not load.
+    ensure!(
+        text.contains("runtimes.runc]") || text.contains("runtimes.runc']"),
+        "the default runc runtime is gone: {text}"
+    );
     if major2 {
         ensure!(
             text.contains("snapshotter = 'native'"),
