@@ -167,15 +167,23 @@ impl Default for GpuOptions {
     }
 }
 
+/// Whether the spec gives the container NVIDIA devices (runsc then turns nvproxy on itself).
+pub fn has_nvidia_devices(spec: &serde_json::Value) -> bool {
+    spec["linux"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["path"].as_str())
+        .any(|p| p.starts_with("/dev/nvidia"))
+}
+
 /// Whether a container is a GPU sandbox: NVIDIA devices in its spec, runsc's nvproxy on, or
 /// the [`GPU_ANNOTATION`].
 pub fn is_gpu_sandbox(spec: &serde_json::Value, nvproxy: bool) -> bool {
     if nvproxy || spec["annotations"][GPU_ANNOTATION] == "true" {
         return true;
     }
-    let nvidia = |path: &str| path.starts_with("/dev/nvidia");
-    let devices = spec["linux"]["devices"].as_array().into_iter().flatten();
-    let in_devices = devices.filter_map(|d| d["path"].as_str()).any(nvidia);
+    let in_devices = has_nvidia_devices(spec);
     // The NVIDIA container toolkit's CDI/legacy hooks name visible devices by env var.
     let env = spec["process"]["env"].as_array().into_iter().flatten();
     let asks = env.filter_map(|e| e.as_str()).any(|e| {

@@ -132,16 +132,26 @@ const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs a host command to completion or `timeout`, in a process group of its own so that the
 /// timeout kills what it started too; stdin is empty.
-pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Outcome, String> {
+pub fn run_with_timeout(cmd: Command, timeout: Duration) -> Result<Outcome, String> {
+    spawn_with_timeout(cmd, timeout, |cmd| {
+        cmd.spawn().map(|c| Box::new(c) as Box<dyn Running>)
+    })
+}
+
+/// [`run_with_timeout`] with the child started by `spawn` (the shim's reaper owns the exits
+/// of its children).
+pub fn spawn_with_timeout(
+    mut cmd: Command,
+    timeout: Duration,
+    spawn: impl FnOnce(&mut Command) -> std::io::Result<Box<dyn Running>>,
+) -> Result<Outcome, String> {
     let (output, writer) = output_file()?;
     cmd.stdin(Stdio::null())
         .stdout(writer.try_clone().map_err(|e| e.to_string())?)
         .stderr(writer)
         .process_group(0);
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("start {:?}: {e}", cmd.get_program()))?;
-    wait_with_timeout(Box::new(child), output, timeout, kill_group)
+    let child = spawn(&mut cmd).map_err(|e| format!("start {:?}: {e}", cmd.get_program()))?;
+    wait_with_timeout(child, output, timeout, kill_group)
 }
 
 /// SIGKILL to the process group `pid` leads.

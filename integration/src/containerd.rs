@@ -191,6 +191,16 @@ impl Containerd {
         cmd
     }
 
+    /// A `chalkctl` command bound to this containerd and namespace, with an empty stdin.
+    pub fn chalkctl_command(&self) -> io::Result<Command> {
+        let mut cmd = Command::new(chalkctl_binary()?);
+        cmd.arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", &self.namespace])
+            .stdin(Stdio::null());
+        Ok(cmd)
+    }
+
     /// Runs ctr with no stdin and collects its output.
     pub fn ctr<I, S>(&self, args: I) -> CtrOutput
     where

@@ -5,6 +5,7 @@ pub mod api;
 pub mod bench;
 pub mod containerd;
 pub mod image;
+pub mod procs;
 
 pub use containerd::{Containerd, CtrOutput};
 

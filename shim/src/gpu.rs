@@ -64,33 +64,40 @@ pub fn runsc_flags(c: &Container) -> Vec<String> {
     flags
 }
 
-/// Before the checkpoint of a GPU sandbox: moves every CUDA process out of the GPU and
-/// returns their (in-sandbox) pids; nothing for other sandboxes, or when runsc does it. On a
-/// failure every process is already back where it was.
-pub fn before_checkpoint(c: &Container) -> Result<Vec<u32>> {
-    let Some(gpu) = &c.gpu else {
-        return Ok(Vec::new());
+/// What the handoff did before a checkpoint: the CUDA processes it moved off the GPU (none
+/// when runsc moves them itself) and the manifest's account of the GPU.
+pub struct Handed {
+    pub moved: Vec<u32>,
+    pub facts: Value,
+}
+
+/// Before the checkpoint of GPU sandbox `c` (running): moves every CUDA process out of the
+/// GPU. On a failure every process is already back where it was.
+pub fn before_checkpoint(c: &Container, gpu: &Gpu) -> Result<Handed> {
+    let moved = if runsc_does_it(c) {
+        Vec::new()
+    } else {
+        let pids: Vec<u32> = c
+            .runsc
+            .ps(&c.id)?
+            .into_iter()
+            .filter_map(|p| u32::try_from(p).ok())
+            .collect();
+        let tool = SandboxCuda {
+            c,
+            path: &gpu.options.cuda_checkpoint_path,
+        };
+        let handoff = Handoff::new(&tool, &gpu.options);
+        let cuda = handoff.cuda_processes(&pids);
+        handoff.checkpoint(&cuda).map_err(|e| {
+            ShimError::FailedPrecondition(format!("container {}: checkpoint not taken: {e}", c.id))
+        })?;
+        log::info!("container {}: CUDA processes {cuda:?} checkpointed", c.id);
+        cuda
     };
-    if runsc_does_it(c) {
-        return Ok(Vec::new());
-    }
-    let pids: Vec<u32> = c
-        .runsc
-        .ps(&c.id)?
-        .into_iter()
-        .filter_map(|p| u32::try_from(p).ok())
-        .collect();
-    let tool = SandboxCuda {
-        c,
-        path: &gpu.options.cuda_checkpoint_path,
-    };
-    let handoff = Handoff::new(&tool, &gpu.options);
-    let cuda = handoff.cuda_processes(&pids);
-    handoff.checkpoint(&cuda).map_err(|e| {
-        ShimError::FailedPrecondition(format!("container {}: checkpoint not taken: {e}", c.id))
-    })?;
-    log::info!("container {}: CUDA processes {cuda:?} checkpointed", c.id);
-    Ok(cuda)
+    // Asked now: a suspended sandbox is gone after the checkpoint.
+    let facts = facts(c, gpu, &moved);
+    Ok(Handed { moved, facts })
 }
 
 /// Moves `moved` back onto the GPU and unlocks them (after the checkpoint, or in a restored
@@ -110,8 +117,7 @@ pub fn restore(c: &Container, options: &GpuOptions, moved: &[u32]) -> Result<()>
 
 /// What the manifest records of a GPU sandbox: driver, GPUs, cuda-checkpoint's version and
 /// which processes were moved (a restore moves those back).
-pub fn facts(c: &Container, moved: &[u32]) -> Option<Value> {
-    let gpu = c.gpu.as_ref()?;
+fn facts(c: &Container, gpu: &Gpu, moved: &[u32]) -> Value {
     let version = SandboxCuda {
         c,
         path: &gpu.options.cuda_checkpoint_path,
@@ -133,14 +139,14 @@ pub fn facts(c: &Container, moved: &[u32]) -> Option<Value> {
                 .map(|m| m.trim().to_string())
         })
         .collect();
-    Some(json!({
+    json!({
         "handoff": if runsc_does_it(c) { "runsc" } else { "chalk" },
         "driver_version": driver,
         "gpu_models": models,
         "gpu_count": models.len(),
         "cuda_checkpoint_version": version,
         "moved_pids": moved,
-    }))
+    })
 }
 
 /// The pids a snapshot's manifest says were moved off the GPU.
@@ -167,15 +173,7 @@ pub fn of(spec: &Value, options: &GpuOptions, runsc_flags: &[String]) -> Option<
     let nvproxy_flag = runsc_flags
         .iter()
         .any(|f| f == "--nvproxy" || f == "--nvproxy=true");
-    let devices = spec["linux"]["devices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|d| {
-            d["path"]
-                .as_str()
-                .is_some_and(|p| p.starts_with("/dev/nvidia"))
-        });
+    let devices = chalk_hooks::config::has_nvidia_devices(spec);
     chalk_hooks::config::is_gpu_sandbox(spec, nvproxy_flag).then(|| Gpu {
         options: options.clone(),
         // runsc turns nvproxy on by itself for NVIDIA devices in the spec.

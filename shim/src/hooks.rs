@@ -3,15 +3,13 @@
 //! never reaches further than the workload) or on the host.
 
 use std::{
-    os::unix::process::CommandExt,
     path::Path,
-    process::Stdio,
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
 use chalk_hooks::{
-    exec::{host_command, kill_group, output_file, wait_with_timeout, Running},
+    exec::{host_command, output_file, spawn_with_timeout, wait_with_timeout, Running},
     run::{run_stage, HookError},
     Exec, Outcome, Place, Stage,
 };
@@ -73,20 +71,14 @@ impl Exec for ContainerExec<'_> {
         timeout: Duration,
     ) -> Result<Outcome, String> {
         let c = self.0;
-        let (output, writer) = output_file()?;
         match place {
-            Place::Host => {
-                let mut cmd = host_command(argv, env)?;
-                cmd.stdin(Stdio::null())
-                    .stdout(writer.try_clone().map_err(|e| e.to_string())?)
-                    .stderr(writer)
-                    .process_group(0);
-                let child = ReaperSpawner
-                    .spawn(&mut cmd)
-                    .map_err(|e| format!("start {}: {e}", argv[0]))?;
-                wait_with_timeout(Box::new(Reaped(child)), output, timeout, kill_group)
-            }
+            Place::Host => spawn_with_timeout(host_command(argv, env)?, timeout, |cmd| {
+                ReaperSpawner
+                    .spawn(cmd)
+                    .map(|child| Box::new(Reaped(child)) as Box<dyn Running>)
+            }),
             Place::Sandbox => {
+                let (output, writer) = output_file()?;
                 let n = HOOK_COUNTER.fetch_add(1, Ordering::Relaxed);
                 let spec_path = c.bundle.join(format!(".hook-{n}.json"));
                 let pid_path = c.bundle.join(format!(".hook-{n}.pid"));

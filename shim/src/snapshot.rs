@@ -49,19 +49,20 @@ impl TaskService {
         prepare_dir(&dir)?;
         // A failing pre-checkpoint hook aborts the checkpoint before the sandbox is touched.
         self.hooks_while_running(&c, Stage::PreCheckpoint, &dir)?;
-        // CUDA state leaves the GPU (or nothing moves and the error says why).
-        let moved = while_running(&c, || crate::gpu::before_checkpoint(&c))?;
-        let gpu_options = c
-            .gpu
-            .as_ref()
-            .map(|g| g.options.clone())
-            .unwrap_or_default();
-        let put_back = |when: &str| {
-            if let Err(e) = while_running(&c, || crate::gpu::restore(&c, &gpu_options, &moved)) {
-                log::error!("container {}: CUDA processes {when}: {e}", c.id);
-                return Err(e);
+        // A GPU sandbox's CUDA state leaves the GPU (or nothing moves and the error says why).
+        let handed = match &c.gpu {
+            Some(gpu) => Some((
+                gpu,
+                while_running(&c, || crate::gpu::before_checkpoint(&c, gpu))?,
+            )),
+            None => None,
+        };
+        let put_back = |when: &str| match &handed {
+            Some((gpu, h)) if !h.moved.is_empty() => {
+                while_running(&c, || crate::gpu::restore(&c, &gpu.options, &h.moved))
+                    .inspect_err(|e| log::error!("container {}: CUDA processes {when}: {e}", c.id))
             }
-            Ok(())
+            _ => Ok(()),
         };
         // What the manifest says about the source is gathered before the sandbox is touched.
         let mut manifest = self.describe(
@@ -85,10 +86,10 @@ impl TaskService {
             }
             return Err(e);
         }
-        if let Some(facts) = crate::gpu::facts(&c, &moved) {
+        if let Some((_, h)) = &handed {
             manifest
                 .extra
-                .insert(crate::gpu::MANIFEST_KEY.into(), facts);
+                .insert(crate::gpu::MANIFEST_KEY.into(), h.facts.clone());
         }
         let runsc_time = started.elapsed();
         let sealed = manifest::restrict_permissions(&dir).and_then(|_| manifest.seal(&dir, 0));
@@ -105,14 +106,12 @@ impl TaskService {
             started.elapsed() - runsc_time,
             dir.display()
         );
-        if !want.exit && !moved.is_empty() {
+        if !want.exit {
             // The snapshot is on disk, but a source left without its GPU state fails it.
             if let Err(e) = put_back("after the checkpoint") {
                 empty_dir(&dir);
                 return Err(e);
             }
-        }
-        if !want.exit {
             // The snapshot is taken: a failing post-checkpoint hook is the source's business.
             if let Err(e) = self.hooks_while_running(&c, Stage::PostCheckpoint, &dir) {
                 log::warn!("container {}: {e}", c.id);

@@ -5,17 +5,13 @@
 use std::{
     ffi::OsString,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
 use super::timed;
-use crate::{
-    containerd::{chalkctl_binary, IMAGE},
-    Containerd, CtrOutput, RUNTIME,
-};
+use crate::{containerd::IMAGE, procs::processes, Containerd, CtrOutput, RUNTIME};
 
 pub struct ViaCtr<'a> {
     pub c: &'a Containerd,
@@ -143,13 +139,12 @@ impl<'a> ViaCtr<'a> {
 
     /// chalkctl with `-o json`; its result.
     pub fn chalkctl(&self, args: &[&str]) -> Result<Value, String> {
-        let bin = chalkctl_binary().map_err(|e| e.to_string())?;
-        let out = Command::new(bin)
-            .arg("--address")
-            .arg(self.c.socket())
-            .args(["--namespace", &self.c.namespace, "-o", "json"])
+        let out = self
+            .c
+            .chalkctl_command()
+            .map_err(|e| e.to_string())?
+            .args(["-o", "json"])
             .args(args)
-            .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("run chalkctl: {e}"))?;
         if !out.status.success() {
@@ -210,25 +205,6 @@ impl<'a> ViaCtr<'a> {
             .filter_map(|(pid, _)| rss(pid))
             .collect()
     }
-}
-
-/// Every process's pid and arguments.
-fn processes() -> Vec<(u32, Vec<String>)> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let args = cmdline
-                .split(|b| *b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            Some((pid, args))
-        })
-        .collect()
 }
 
 /// VmRSS of `pid`, in bytes.

@@ -4,10 +4,7 @@
 
 use std::{process::ExitCode, time::Instant};
 
-use chalk_integration::{
-    containerd::{chalkctl_binary, IMAGE},
-    Containerd, RUNTIME,
-};
+use chalk_integration::{containerd::IMAGE, procs::processes, Containerd, RUNTIME};
 
 fn step(title: &str) {
     println!("\n== {title}");
@@ -64,11 +61,9 @@ fn count(c: &Containerd, id: &str) -> Result<String, String> {
 
 /// chalkctl against the demo's containerd; prints its progress and returns its output.
 fn chalkctl(c: &Containerd, args: &[&str]) -> Result<String, String> {
-    let bin = chalkctl_binary().map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(bin)
-        .arg("--address")
-        .arg(c.socket())
-        .args(["--namespace", &c.namespace])
+    let out = c
+        .chalkctl_command()
+        .map_err(|e| e.to_string())?
         .args(args)
         .output()
         .map_err(|e| format!("run chalkctl: {e}"))?;
@@ -97,15 +92,10 @@ fn show(c: &Containerd, args: &[&str]) -> Result<String, String> {
 
 /// The sandboxes' runsc processes, counted from /proc.
 fn runsc_processes(id: &str) -> usize {
-    std::fs::read_dir("/proc")
+    processes()
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|cmd| {
-            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-            args.iter().any(|a| a.windows(5).any(|w| w == b"runsc"))
-                && args.contains(&id.as_bytes())
+        .filter(|(_, args)| {
+            args.iter().any(|a| a.contains("runsc")) && args.iter().any(|a| a == id)
         })
         .count()
 }

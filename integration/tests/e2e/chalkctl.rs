@@ -6,13 +6,10 @@ use super::*;
 
 impl Env {
     pub(crate) fn chalkctl(&self, args: &[&str]) -> CtrOutput {
-        let bin = chalkctl_binary().expect("chalkctl is built");
-        Command::new(bin)
-            .arg("--address")
-            .arg(self.c.socket())
-            .args(["--namespace", &self.c.namespace])
+        self.c
+            .chalkctl_command()
+            .expect("chalkctl is built")
             .args(args)
-            .stdin(Stdio::null())
             .output()
             .expect("run chalkctl")
             .into()
@@ -353,13 +350,10 @@ fn blob_file(e: &Env, digest: &str) -> PathBuf {
 
 /// The pid of the background `chalkctl snapshot finish` for record `name`.
 fn finisher(name: &str) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
-        let pid: i32 = p.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is = args.contains(&&b"finish"[..]) && args.contains(&name.as_bytes());
-        is.then_some(pid)
-    })
+    chalk_integration::procs::processes()
+        .into_iter()
+        .find(|(_, args)| args.iter().any(|a| a == "finish") && args.iter().any(|a| a == name))
+        .and_then(|(pid, _)| i32::try_from(pid).ok())
 }
 
 /// What chalkctl refuses to fork, each with the reason: a failed snapshot, one still in
