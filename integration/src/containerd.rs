@@ -13,6 +13,12 @@ use std::{
 
 /// The image every test and the demo runs.
 pub const IMAGE: &str = "docker.io/chalk/busybox:test";
+/// The pod sandbox ("pause") image of the CRI setup: busybox sleeping for ever.
+pub const PAUSE_IMAGE: &str = "docker.io/chalk/pause:test";
+/// The containerd namespace containerd's CRI plugin keeps pods in.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+/// The runtime handler the installer registers for CRI (a RuntimeClass's `handler`).
+pub const CRI_HANDLER: &str = "chalk";
 /// The busybox image with the cuda-checkpoint stand-in at /bin (and /usr/bin)/cuda-checkpoint.
 pub const GPU_STANDIN_IMAGE: &str = "docker.io/chalk/busybox-cuda-standin:test";
 /// The stand-in itself (integration/standin/cuda-checkpoint).
@@ -79,6 +85,32 @@ impl From<Output> for CtrOutput {
     }
 }
 
+/// Whether `CHALK_CONTAINERD` (or containerd on PATH) is a 2.x, which reads config version 3.
+pub fn containerd_is_2x() -> bool {
+    Command::new(program("CHALK_CONTAINERD", "containerd"))
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("/v2 "))
+        .unwrap_or(false)
+}
+
+/// Where the repository's packaging/install.sh is.
+pub fn installer_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/install.sh")
+}
+
+/// What the private containerd serves.
+#[derive(Debug, Clone, Default)]
+pub enum Setup {
+    /// containerd's API only (CRI disabled): what `ctr` and chalkctl need.
+    #[default]
+    Plain,
+    /// With the CRI plugin, the `chalk` handler registered by packaging/install.sh, the pause
+    /// image as sandbox image; pods get networks from the CNI plugins in `cni_bin` when set
+    /// (else only host-network pods can run).
+    Cri { cni_bin: Option<PathBuf> },
+}
+
 pub struct Containerd {
     dir: tempfile::TempDir,
     daemon: Child,
@@ -89,6 +121,19 @@ pub struct Containerd {
 impl Containerd {
     /// Starts containerd (`CHALK_CONTAINERD` or `containerd` on PATH) and waits for its socket.
     pub fn start() -> io::Result<Self> {
+        Self::start_with(Setup::Plain)
+    }
+
+    /// Starts containerd with its CRI plugin, configured by the installer (see [`Setup::Cri`]),
+    /// with the busybox and pause images imported into the CRI namespace.
+    pub fn start_cri(cni_bin: Option<PathBuf>) -> io::Result<Self> {
+        let c = Self::start_with(Setup::Cri { cni_bin })?;
+        c.import_busybox()?;
+        c.import_running(PAUSE_IMAGE, &["/bin/sleep", "2147483647"])?;
+        Ok(c)
+    }
+
+    fn start_with(setup: Setup) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("chalk-it-")
             .tempdir_in("/tmp")?;
@@ -97,8 +142,12 @@ impl Containerd {
         fs::create_dir_all(&bin)?;
         std::os::unix::fs::symlink(shim_binary()?, bin.join("containerd-shim-chalk-v1"))?;
 
-        fs::write(d.join("chalk.toml"), runtime_options(d))?;
-        fs::write(d.join("config.toml"), config(d))?;
+        let cri = matches!(setup, Setup::Cri { .. });
+        fs::write(d.join("chalk.toml"), runtime_options(d, &setup))?;
+        fs::write(d.join("config.toml"), config(d, &setup))?;
+        if cri {
+            register_with_installer(d)?;
+        }
 
         let log = fs::File::create(d.join("containerd.log"))?;
         // A containerd picked by CHALK_CONTAINERD finds its own shims (its runc shim) first.
@@ -131,7 +180,7 @@ impl Containerd {
             dir,
             daemon,
             ctr: program("CHALK_CTR", "ctr"),
-            namespace: "chalk-test".into(),
+            namespace: if cri { CRI_NAMESPACE } else { "chalk-test" }.into(),
         };
         c.wait_ready(Duration::from_secs(30))?;
         Ok(c)
@@ -258,14 +307,30 @@ impl Containerd {
     ) -> io::Result<()> {
         let busybox = program("CHALK_BUSYBOX", "/bin/busybox");
         let layer = crate::image::busybox_layer_with(&busybox, extra)?;
-        let archive = self.dir().join(format!(
-            "busybox-{}.oci.tar",
-            if variant.is_empty() { "plain" } else { variant }
-        ));
-        std::fs::write(
+        let archive = crate::image::oci_archive_labelled(&layer, name, variant)?;
+        self.import_archive(
+            &format!(
+                "busybox-{}",
+                if variant.is_empty() { "plain" } else { variant }
+            ),
             &archive,
-            crate::image::oci_archive_labelled(&layer, name, variant)?,
-        )?;
+        )
+    }
+
+    /// Imports the busybox image as `name`, with `cmd` as its command.
+    pub fn import_running(&self, name: &str, cmd: &[&str]) -> io::Result<()> {
+        let busybox = program("CHALK_BUSYBOX", "/bin/busybox");
+        let layer = crate::image::busybox_layer(&busybox)?;
+        let archive = crate::image::oci_archive_running(&layer, name, "", cmd)?;
+        let file = name.rsplit('/').next().unwrap_or(name).replace(':', "-");
+        self.import_archive(&file, &archive)
+    }
+
+    /// Imports an OCI archive (one image), kept as `file`.oci.tar in this instance's dir.
+    pub fn import_archive(&self, file: &str, archive: &[u8]) -> io::Result<()> {
+        let archive_path = self.dir().join(format!("{file}.oci.tar"));
+        std::fs::write(&archive_path, archive)?;
+        let archive = archive_path;
         let out = self.ctr([
             OsStr::new("images"),
             OsStr::new("import"),
@@ -339,7 +404,28 @@ fn unmount_under(dir: &Path) {
     }
 }
 
-fn runtime_options(d: &Path) -> String {
+/// Registers the chalk runtime in `d/config.toml` the way a node gets it: packaging/install.sh.
+fn register_with_installer(d: &Path) -> io::Result<()> {
+    let out = Command::new("bash")
+        .arg(installer_script())
+        .args(["--config-only", "--config"])
+        .arg(d.join("config.toml"))
+        .arg("--options")
+        .arg(d.join("chalk.toml"))
+        .arg("--state")
+        .arg(d.join("installer"))
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "install.sh --config-only: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+fn runtime_options(d: &Path, setup: &Setup) -> String {
     let packaged = include_str!("../../packaging/chalk.toml");
     // The packaged file with a private runsc root, so test runs never meet.
     let mut out = String::new();
@@ -349,6 +435,10 @@ fn runtime_options(d: &Path) -> String {
         }
         out.push_str(line);
         out.push('\n');
+    }
+    // Pods with a CNI network get it inside the sandbox (runsc's own network stack).
+    if let Setup::Cri { cni_bin: Some(_) } = setup {
+        out = out.replace("network = \"none\"", "network = \"sandbox\"");
     }
     // Tests add hooks by annotation (chalk.io/hooks); nodes opt in to that themselves.
     let mut head = format!(
@@ -370,13 +460,17 @@ fn runtime_options(d: &Path) -> String {
     format!("{head}{out}")
 }
 
-fn config(d: &Path) -> String {
-    format!(
-        r#"version = 2
+fn config(d: &Path, setup: &Setup) -> String {
+    // A CRI node config is in the version its containerd writes (the installer follows it).
+    let version = match setup {
+        Setup::Cri { .. } if containerd_is_2x() => 3,
+        _ => 2,
+    };
+    let mut text = format!(
+        r#"version = {version}
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-
+{disabled}
 [grpc]
   address = "{sock}"
 
@@ -393,5 +487,48 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         state = d.join("state").display(),
         sock = d.join("containerd.sock").display(),
         opt = d.join("opt").display(),
-    )
+        disabled = match setup {
+            Setup::Plain => "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n",
+            Setup::Cri { .. } => "",
+        },
+    );
+    if let Setup::Cri { cni_bin } = setup {
+        let (runtime, sandbox_image) = if version == 3 {
+            (
+                "io.containerd.cri.v1.runtime",
+                format!("[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = \"{PAUSE_IMAGE}\"\n"),
+            )
+        } else {
+            (
+                "io.containerd.grpc.v1.cri",
+                format!("[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{PAUSE_IMAGE}\"\n"),
+            )
+        };
+        let cni_conf = d.join("cni").join("conf");
+        let _ = fs::create_dir_all(&cni_conf);
+        let bin = cni_bin.clone().unwrap_or_else(|| d.join("cni").join("bin"));
+        if cni_bin.is_some() {
+            let _ = fs::write(cni_conf.join("10-chalk.conflist"), CNI_CONFLIST);
+        }
+        text.push_str(&format!(
+            "\n{sandbox_image}\n[plugins.\"{runtime}\".cni]\n  bin_dir = \"{}\"\n  conf_dir = \"{}\"\n",
+            bin.display(),
+            cni_conf.display()
+        ));
+    }
+    text
 }
+
+/// A bridge network for pods, private to the test run.
+const CNI_CONFLIST: &str = r#"{
+  "cniVersion": "1.0.0",
+  "name": "chalk-test",
+  "plugins": [
+    {"type": "bridge", "bridge": "chalk-cni0", "isGateway": true, "ipMasq": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.77.0/24"}]],
+              "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "loopback"}
+  ]
+}
+"#;

@@ -164,14 +164,24 @@ pub fn oci_archive_running(
     variant: &str,
     cmd: &[&str],
 ) -> io::Result<Vec<u8>> {
-    let tag = name.rsplit(':').next().unwrap_or("latest");
-    let layer_digest = sha256(layer);
     let mut image_config = serde_json::json!({
         "Env": ["PATH=/bin:/sbin:/usr/bin"], "Cmd": cmd, "WorkingDir": "/"
     });
     if !variant.is_empty() {
         image_config["Labels"] = serde_json::json!({ "chalk.variant": variant });
     }
+    oci_archive_configured(layer, name, image_config)
+}
+
+/// An OCI archive of one layer whose image config's `config` is `image_config` (Cmd, User,
+/// Env, Labels...).
+pub fn oci_archive_configured(
+    layer: &[u8],
+    name: &str,
+    image_config: serde_json::Value,
+) -> io::Result<Vec<u8>> {
+    let tag = name.rsplit(':').next().unwrap_or("latest");
+    let layer_digest = sha256(layer);
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": oci_arch(),
         "os": "linux",

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod bench;
 pub mod containerd;
+pub mod cri;
 pub mod image;
 pub mod procs;
 

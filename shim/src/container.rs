@@ -12,6 +12,7 @@ use std::{
 
 use chalk_runtime::{
     runsc::{Features, Runsc},
+    spec::Placement,
     state::Status,
 };
 
@@ -124,6 +125,10 @@ pub struct Container {
     pub id: String,
     /// The pod sandbox this container belongs to (its own id when alone).
     pub sandbox_id: String,
+    /// Whether it makes its sandbox or runs inside its pod's.
+    pub placement: Placement,
+    /// The OOM score it asks for; the shim sets the sandbox's (see `adjust_oom_score`).
+    pub oom_score_adj: Option<i32>,
     pub bundle: PathBuf,
     pub runsc: Runsc,
     /// What this container's runsc binary can do.
@@ -142,6 +147,12 @@ pub struct Container {
 }
 
 impl Container {
+    /// A pod's container other than its sandbox container: no host process of its own (its
+    /// pid is the sandbox's), and whatever it does to the sandbox it does to the whole pod.
+    pub fn in_pod(&self) -> bool {
+        matches!(self.placement, Placement::InPod { .. })
+    }
+
     pub fn was_restored(&self) -> bool {
         self.restored.load(Ordering::Relaxed)
     }

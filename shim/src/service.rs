@@ -14,9 +14,6 @@ use containerd_shim::{
 
 use crate::{events::EventSender, reaper, task::TaskService};
 
-/// Containers of one Kubernetes pod share one shim, like they share one sandbox.
-const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
-
 pub struct Service {
     namespace: String,
     /// containerd's gRPC address (`-address`).
@@ -31,15 +28,7 @@ pub fn grouping(bundle: &Path, id: &str) -> String {
     let spec: Option<serde_json::Value> = std::fs::read(bundle.join("config.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    spec.as_ref()
-        .and_then(|s| {
-            s.pointer("/annotations")?
-                .get(SANDBOX_ID_ANNOTATION)?
-                .as_str()
-        })
-        .filter(|s| chalk_runtime::ids::container_id(s).is_ok())
-        .unwrap_or(id)
-        .to_string()
+    chalk_runtime::spec::sandbox_id_of(spec.as_ref(), id)
 }
 
 /// Moves the shim daemon into the cgroup the task options name (ShimCgroup) and makes it a

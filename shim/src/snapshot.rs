@@ -41,7 +41,18 @@ impl TaskService {
     /// On failure the source is left as it was and the directory is emptied.
     pub fn checkpoint(&self, req: &CheckpointTaskRequest) -> Result<()> {
         let c = self.container(&req.id)?;
+        if c.in_pod() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {} is one of a pod's: a checkpoint is of the whole sandbox, taken \
+                 through the pod's sandbox container {}",
+                c.id, c.sandbox_id
+            )));
+        }
         let want = runtime_options::checkpoint_options(req.options.as_ref())?;
+        let members = self.pod_members(&c.id);
+        if !members.is_empty() {
+            check_pod_checkpoint(&c, members.len(), want.exit)?;
+        }
         let dir = want
             .image_path
             .clone()
@@ -90,6 +101,11 @@ impl TaskService {
             manifest
                 .extra
                 .insert(crate::gpu::MANIFEST_KEY.into(), h.facts.clone());
+        }
+        if !members.is_empty() {
+            manifest
+                .extra
+                .insert(POD_MANIFEST_KEY.into(), pod_facts(&members));
         }
         let runsc_time = started.elapsed();
         let sealed = manifest::restrict_permissions(&dir).and_then(|_| manifest.seal(&dir, 0));
@@ -389,6 +405,16 @@ impl TaskService {
                 }
             }
         }
+        if let Some(names) = pod_container_names(&m.extra) {
+            return Err(ShimError::FailedPrecondition(format!(
+                "snapshot {} is of a pod's sandbox with {} more container(s) in it ({}): a \
+                 restore would need each of them restored into the new sandbox, which chalk \
+                 does not do yet; snapshot a sandbox without pod containers to fork it",
+                dir.display(),
+                names.len(),
+                names.join(", ")
+            )));
+        }
         log::info!(
             "container {id}: snapshot {} ({} bytes) verified in {:?}",
             dir.display(),
@@ -400,6 +426,68 @@ impl TaskService {
             cuda_pids: crate::gpu::moved_pids(&m.extra),
         })
     }
+}
+
+/// The manifest's `extra` key listing the other containers of a pod's sandbox.
+const POD_MANIFEST_KEY: &str = "pod";
+
+/// A pod's sandbox is checkpointed as a whole, and only where the pod survives it.
+fn check_pod_checkpoint(c: &Container, members: usize, suspend: bool) -> Result<()> {
+    if suspend {
+        return Err(ShimError::FailedPrecondition(format!(
+            "container {} is a pod's sandbox with {members} more container(s): a pod is not \
+             suspended (its containers could not be brought back under their ids); snapshot it \
+             instead",
+            c.id
+        )));
+    }
+    if c.features.leave_running() == LeaveRunning::RestoreAfter {
+        return Err(ShimError::FailedPrecondition(format!(
+            "container {} is a pod's sandbox with {members} more container(s), and this runsc \
+             ({}) cannot checkpoint a pod and keep it running (its checkpoint stops the \
+             sandbox, which could then only come back without the pod's containers); use a \
+             runsc from 2024 or later, whose checkpoint leaves the sandbox running in place",
+            c.id, c.features.version
+        )));
+    }
+    Ok(())
+}
+
+/// What a manifest records of a pod's other containers: id, CRI name and image.
+fn pod_facts(members: &[Arc<Container>]) -> serde_json::Value {
+    let containers: Vec<serde_json::Value> = members
+        .iter()
+        .map(|m| {
+            let spec = std::fs::read(m.bundle.join("config.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .unwrap_or_default();
+            let annotation = |k: &str| spec["annotations"][k].as_str().unwrap_or("").to_string();
+            serde_json::json!({
+                "id": m.id,
+                "name": annotation("io.kubernetes.cri.container-name"),
+                "image": annotation("io.kubernetes.cri.image-name"),
+            })
+        })
+        .collect();
+    serde_json::json!({ "containers": containers })
+}
+
+/// The names (or ids) of the pod containers a manifest records; None when there are none.
+fn pod_container_names(
+    extra: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Option<Vec<String>> {
+    let names: Vec<String> = extra
+        .get(POD_MANIFEST_KEY)?
+        .get("containers")?
+        .as_array()?
+        .iter()
+        .map(|c| match c["name"].as_str() {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => c["id"].as_str().unwrap_or("?").to_string(),
+        })
+        .collect();
+    (!names.is_empty()).then_some(names)
 }
 
 /// Runs `f` with the sandbox running: containerd pauses a task around Checkpoint, and what

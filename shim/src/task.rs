@@ -14,6 +14,7 @@ use chalk_runtime::{
     caps, executable, ids, netns,
     options::RuntimeOptions,
     runsc::{ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
+    spec::Placement,
     state::{self, Event as Transition, Status},
 };
 use containerd_shim::{
@@ -242,17 +243,10 @@ impl TaskService {
         let spec = read_spec(&bundle).ok_or_else(|| {
             ShimError::InvalidArgument(format!("{}/config.json is not valid JSON", req.bundle))
         })?;
-        if spec
-            .pointer("/annotations/io.kubernetes.cri.container-type")
-            .and_then(|v| v.as_str())
-            == Some("container")
-        {
-            // A second container in a pod's sandbox needs its own exit tracking (runsc wait),
-            // which comes with Kubernetes pod support; refusing beats half-working.
-            return Err(ShimError::Unimplemented(format!(
-                "container {}: more than one container per pod sandbox is not supported yet",
-                req.id
-            )));
+        let placement = Placement::of(&spec)
+            .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)))?;
+        if let Placement::InPod { sandbox_id } = &placement {
+            self.check_pod_sandbox(&req.id, sandbox_id, &req.checkpoint)?;
         }
         let hooks = chalk_hooks::config::container_hooks(
             &opts.hooks,
@@ -265,7 +259,7 @@ impl TaskService {
         )
         .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)))?;
         let gpu = crate::gpu::of(&spec, &opts.gpu, &opts.runsc_flags().unwrap_or_default());
-        let sandbox_id = crate::service::grouping(&bundle, &req.id);
+        let sandbox_id = chalk_runtime::spec::sandbox_id_of(Some(&spec), &req.id);
         let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id, &sandbox_id)?;
         // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
         // unless the options choose an overlay themselves.
@@ -339,6 +333,8 @@ impl TaskService {
         let container = Container {
             id: req.id.clone(),
             sandbox_id,
+            placement,
+            oom_score_adj: chalk_runtime::spec::workload_oom_score_adj(&spec),
             bundle: bundle.clone(),
             runsc,
             features,
@@ -394,11 +390,50 @@ impl TaskService {
         ev.io = Some(io).into();
         ev.pid = pid as u32;
         self.events().send(topics::TASK_CREATE_EVENT_TOPIC, ev);
-        // After TaskCreate: a sandbox that already died must not report its exit first.
-        if pid > 0 {
+        // After TaskCreate: a sandbox that already died must not report its exit first. A pod
+        // container's exit is watched from its start (its pid is the sandbox's).
+        if pid > 0 && !container.in_pod() {
             self.watch_init(&container, pid, started_at);
         }
         Ok(pid as u32)
+    }
+
+    /// The containers of pod sandbox `sandbox_id` other than its sandbox container that have
+    /// not stopped.
+    pub(crate) fn pod_members(&self, sandbox_id: &str) -> Vec<Arc<Container>> {
+        let all: Vec<Arc<Container>> = self
+            .inner
+            .containers
+            .lock()
+            .unwrap()
+            .values()
+            .cloned()
+            .collect();
+        all.into_iter()
+            .filter(|c| c.in_pod() && c.sandbox_id == sandbox_id)
+            .filter(|c| c.state.lock().unwrap().init.status != Status::Stopped)
+            .collect()
+    }
+
+    /// A pod container joins the sandbox its pod's sandbox container made in this shim.
+    fn check_pod_sandbox(&self, id: &str, sandbox_id: &str, checkpoint: &str) -> Result<()> {
+        let sandbox = self.container(sandbox_id).map_err(|_| {
+            ShimError::FailedPrecondition(format!(
+                "container {id}: its pod's sandbox container {sandbox_id} is not running in this shim"
+            ))
+        })?;
+        if sandbox.in_pod() || sandbox.state.lock().unwrap().init.status == Status::Stopped {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id}: pod sandbox {sandbox_id} is not running"
+            )));
+        }
+        if !checkpoint.is_empty() {
+            return Err(ShimError::InvalidArgument(format!(
+                "container {id}: a pod's container is not restored on its own; a snapshot is of \
+                 the whole sandbox ({sandbox_id})"
+            )));
+        }
+        Ok(())
     }
 
     /// Makes the fresh network namespace the spec asks for.
@@ -429,6 +464,9 @@ impl TaskService {
                 Some(socket),
                 io::ProcessIo::default(),
             )
+        } else if c.in_pod() {
+            // runsc gives a pod container its stdio at start (see start_in_pod).
+            (ProcessStdio::default(), None, io::ProcessIo::default())
         } else {
             let (s, pio) = match &how {
                 Launch::Restore { previous, .. } => io::open_plain(stdio, &ctx, *previous),
@@ -515,9 +553,14 @@ impl TaskService {
     pub(crate) fn process_exited(&self, id: &str, exec_id: &str, status: i32) {
         let Ok(c) = self.container(id) else { return };
         let mut st = c.state.lock().unwrap();
-        let Some(p) = st.process_mut(exec_id) else {
-            return;
-        };
+        if let Some(p) = st.process_mut(exec_id) {
+            self.record_exit(id, p, status);
+        }
+    }
+
+    /// Marks `p` stopped with `status` and tells containerd, once.
+    fn record_exit(&self, id: &str, p: &mut Process, status: i32) {
+        let exec_id = p.exec_id.clone();
         if p.status == Status::Stopped {
             return;
         }
@@ -532,7 +575,7 @@ impl TaskService {
         ev.id = if exec_id.is_empty() {
             id.to_string()
         } else {
-            exec_id.to_string()
+            exec_id.clone()
         };
         ev.pid = p.pid;
         ev.exit_status = info.status;
@@ -584,6 +627,8 @@ impl TaskService {
                     "container {id}: restored, then {e}; the sandbox was stopped"
                 )));
             }
+        } else if c.in_pod() {
+            self.start_in_pod(&c, &mut st.init)?;
         } else if let Err(e) = c.runsc.start(id) {
             // A sandbox whose start failed can never run: end it, so the task reads stopped
             // (as with runc) and its exit is reported, instead of lingering as created.
@@ -594,11 +639,68 @@ impl TaskService {
             return Err(e.into());
         }
         st.init.status = next;
+        let pid = st.init.pid;
         let mut ev = TaskStart::new();
         ev.container_id = id.to_string();
-        ev.pid = st.init.pid;
+        ev.pid = pid;
         self.events().send(topics::TASK_START_EVENT_TOPIC, ev);
-        Ok(st.init.pid)
+        drop(st);
+        self.adjust_oom_score(&c.sandbox_id, pid);
+        Ok(pid)
+    }
+
+    /// Gives sandbox process `pid` the lowest OOM score its running containers ask for (as
+    /// runsc does for a pod), or leaves the one it inherited from the shim.
+    fn adjust_oom_score(&self, sandbox_id: &str, pid: u32) {
+        let containers: Vec<Arc<Container>> = self
+            .inner
+            .containers
+            .lock()
+            .unwrap()
+            .values()
+            .cloned()
+            .collect();
+        let lowest = containers
+            .iter()
+            .filter(|c| c.sandbox_id == sandbox_id)
+            .filter(|c| c.state.lock().unwrap().init.status != Status::Stopped)
+            .filter_map(|c| c.oom_score_adj)
+            .min();
+        if let Some(score) = lowest {
+            let path = format!("/proc/{pid}/oom_score_adj");
+            if let Err(e) = std::fs::write(&path, score.to_string()) {
+                log::warn!("sandbox {sandbox_id}: OOM score {score} not set on {path}: {e}");
+            }
+        }
+    }
+
+    /// `runsc start` of a pod container with its stdio, then `runsc wait` for its exit.
+    fn start_in_pod(&self, c: &Arc<Container>, init: &mut Process) -> Result<()> {
+        let (stdio, pio) = if init.stdio.terminal {
+            (ProcessStdio::default(), None)
+        } else {
+            let (s, pio) = io::open_plain(&init.stdio, &self.log_context(&c.id), None)
+                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
+            (s, Some(pio))
+        };
+        if let Err(e) = c.runsc.start_with_stdio(&c.id, stdio) {
+            // Never to run, as with runc: it reads stopped and its exit is reported.
+            self.record_exit(&c.id, init, 128 + libc::SIGKILL);
+            return Err(e.into());
+        }
+        if let Some(pio) = pio {
+            init.io = pio;
+        }
+        let (this, c) = (self.clone(), c.clone());
+        std::thread::spawn(move || {
+            let status = c.runsc.wait(&c.id).unwrap_or_else(|e| {
+                // The sandbox went (the pod was killed): so did the container, by SIGKILL.
+                log::warn!("container {}: {e}; it ended with its sandbox", c.id);
+                128 + libc::SIGKILL
+            });
+            this.process_exited(&c.id, "", status);
+        });
+        Ok(())
     }
 
     // ---- exec -----------------------------------------------------------------------------
@@ -793,8 +895,9 @@ impl TaskService {
         };
         match status {
             Status::Stopped => return Err(finished()),
-            Status::Created if req.exec_id.is_empty() && pid == 0 => {
-                // A restore that has not started: there is no sandbox to signal yet.
+            Status::Created if req.exec_id.is_empty() && (pid == 0 || c.in_pod()) => {
+                // A restore that has not started, or a pod container that has not: there is
+                // no process to signal yet (a pod container's pid is its sandbox's).
                 self.process_exited(&req.id, "", 128 + req.signal as i32);
                 return Ok(());
             }
@@ -911,7 +1014,14 @@ impl TaskService {
             (st.init.pid, st.init.exit.clone())
         };
         if pid > 0 {
-            c.runsc.delete(id, true)?;
+            match c.runsc.delete(id, true) {
+                Ok(()) => {}
+                // A stopped pod container whose sandbox is gone has nothing left to delete.
+                Err(e) if c.in_pod() && cell.get().is_some() => {
+                    log::warn!("container {id}: {e}; its sandbox is gone with it")
+                }
+                Err(e) => return Err(e.into()),
+            }
         } else {
             // A restore that never started has no sandbox and no exit to wait for.
             cell.set(ExitInfo {
@@ -973,6 +1083,13 @@ impl TaskService {
 
     fn pause_resume(&self, id: &str, what: Transition) -> Result<()> {
         let c = self.container(id)?;
+        if c.in_pod() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id} shares its pod's sandbox, which pauses as a whole: pause the \
+                 pod's sandbox container {}",
+                c.sandbox_id
+            )));
+        }
         let mut st = c.state.lock().unwrap();
         let next = state::transition(id, st.init.status, what)?;
         if what == Transition::Pause {
@@ -1054,6 +1171,13 @@ impl TaskService {
             let _ = std::fs::remove_file(&file);
             return Ok(result?);
         }
+        if c.in_pod() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id}: this runsc ({}) has no `update` command, and a pod container's \
+                 limits are its sandbox's: update the pod's sandbox container {}",
+                c.features.version, c.sandbox_id
+            )));
+        }
         let cgroup = containerd_shim::cgroup::get_cgroup(pid)
             .map_err(|e| ShimError::internal(format!("cgroup of {id}"), e))?;
         containerd_shim::cgroup::update_resources(&cgroup, &parsed)
@@ -1134,6 +1258,11 @@ fn adapted_spec(
         netns::set_netns_path(&mut adapted, path);
     }
     adapt_process(&mut adapted["process"], terminal);
+    // The shim sets the sandbox's OOM score itself (runsc 2022 fails writing it for a pod's
+    // gofer, and a sandbox holding a pod must take its workload's score, not the pause one).
+    if let Some(process) = adapted["process"].as_object_mut() {
+        process.remove("oomScoreAdj");
+    }
     adapted
 }
 

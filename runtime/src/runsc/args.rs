@@ -26,6 +26,10 @@ pub enum Op<'a> {
     Start {
         id: &'a str,
     },
+    /// Blocks until the container's init exits; prints `{"id":..,"exitStatus":N}`.
+    Wait {
+        id: &'a str,
+    },
     State {
         id: &'a str,
     },
@@ -87,6 +91,7 @@ impl Op<'_> {
         match self {
             Op::Create { .. } => "create",
             Op::Start { .. } => "start",
+            Op::Wait { .. } => "wait",
             Op::State { .. } => "state",
             Op::Kill { .. } => "kill",
             Op::Delete { .. } => "delete",
@@ -105,6 +110,7 @@ impl Op<'_> {
         match self {
             Op::Create { id, .. }
             | Op::Start { id }
+            | Op::Wait { id }
             | Op::State { id }
             | Op::Kill { id, .. }
             | Op::Delete { id, .. }
@@ -200,7 +206,11 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
         Op::Ps { .. } => a.push("--format=json".into()),
         Op::Stats { .. } => a.push("--stats".into()),
         Op::Update { resources, .. } => a.extend(["--resources".into(), resources.into()]),
-        Op::Start { .. } | Op::State { .. } | Op::Pause { .. } | Op::Resume { .. } => {}
+        Op::Start { .. }
+        | Op::Wait { .. }
+        | Op::State { .. }
+        | Op::Pause { .. }
+        | Op::Resume { .. } => {}
     }
     // Go's flag parser stops at the first positional argument: the id goes last but for kill.
     a.push(op.id().into());
@@ -328,6 +338,7 @@ mod tests {
     #[test]
     fn other_ops() {
         assert_eq!(render(Op::Start { id: "c" }), format!("{G} start c"));
+        assert_eq!(render(Op::Wait { id: "c" }), format!("{G} wait c"));
         assert_eq!(render(Op::State { id: "c" }), format!("{G} state c"));
         assert_eq!(
             render(Op::Delete {

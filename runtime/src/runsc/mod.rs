@@ -360,6 +360,19 @@ impl Runsc {
         self.run(Op::Start { id }, None).map(drop)
     }
 
+    /// Starts a pod's container in its sandbox: runsc hands the container `stdio` at start
+    /// (at create it has no process to give them to; a terminal comes at create instead).
+    pub fn start_with_stdio(&self, id: &str, stdio: ProcessStdio) -> Result<()> {
+        self.run(Op::Start { id }, Some(stdio)).map(drop)
+    }
+
+    /// Blocks until the init of container `id` exits and returns its status (128+signal when
+    /// killed). A pod container's init is no host process, so this is how its exit is known.
+    pub fn wait(&self, id: &str) -> Result<i32> {
+        let out = self.run(Op::Wait { id }, None)?;
+        parse_wait(&out)
+    }
+
     pub fn state(&self, id: &str) -> Result<State> {
         let out = self.run(Op::State { id }, None)?;
         serde_json::from_slice(&out).map_err(|e| Error::parse("runsc state output", e))
@@ -443,6 +456,18 @@ impl Runsc {
 
 /// What a runsc JSON log says went wrong: its error-level messages, first to last (the first
 /// is usually the cause, the last what the command gave up on), else its last message.
+/// Reads `runsc wait`'s JSON result.
+pub fn parse_wait(out: &[u8]) -> Result<i32> {
+    #[derive(serde::Deserialize)]
+    struct WaitResult {
+        #[serde(rename = "exitStatus")]
+        exit_status: i32,
+    }
+    serde_json::from_slice::<WaitResult>(out)
+        .map(|r| r.exit_status)
+        .map_err(|e| Error::parse("runsc wait output", e))
+}
+
 pub fn last_error(log_file: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log_file).ok()?;
     parse_errors(&text)
@@ -498,6 +523,15 @@ fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_results_are_read_from_runsc_wait() {
+        assert_eq!(
+            parse_wait(b"{\"id\":\"c1\",\"exitStatus\":137}\n").unwrap(),
+            137
+        );
+        assert!(parse_wait(b"").is_err());
+    }
 
     #[test]
     fn errors_are_read_from_runsc_logs() {

@@ -333,6 +333,10 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
         "files": m["files"].as_array().map_or(0, |f| f.len()),
         "size": size,
         "gpu": m["extra"]["gpu"],
+        // A pod sandbox's other containers (CRI names), captured with it.
+        "pod_containers": m["extra"]["pod"]["containers"]
+            .as_array()
+            .map(|cs| cs.iter().map(|c| c["name"].clone()).collect::<Vec<_>>()),
     }))
 }
 
