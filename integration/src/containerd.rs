@@ -108,7 +108,11 @@ pub enum Setup {
     /// With the CRI plugin, the `chalk` handler registered by packaging/install.sh, the pause
     /// image as sandbox image; pods get networks from the CNI plugins in `cni_bin` when set
     /// (else only host-network pods can run).
-    Cri { cni_bin: Option<PathBuf> },
+    Cri {
+        cni_bin: Option<PathBuf>,
+        /// containerd's registry hosts directory (`config_path`): mirrors for image pulls.
+        registry_hosts: Option<PathBuf>,
+    },
 }
 
 pub struct Containerd {
@@ -126,8 +130,14 @@ impl Containerd {
 
     /// Starts containerd with its CRI plugin, configured by the installer (see [`Setup::Cri`]),
     /// with the busybox and pause images imported into the CRI namespace.
-    pub fn start_cri(cni_bin: Option<PathBuf>) -> io::Result<Self> {
-        let c = Self::start_with(Setup::Cri { cni_bin })?;
+    pub fn start_cri(
+        cni_bin: Option<PathBuf>,
+        registry_hosts: Option<PathBuf>,
+    ) -> io::Result<Self> {
+        let c = Self::start_with(Setup::Cri {
+            cni_bin,
+            registry_hosts,
+        })?;
         c.import_busybox()?;
         c.import_running(PAUSE_IMAGE, &["/bin/sleep", "2147483647"])?;
         Ok(c)
@@ -437,7 +447,10 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
         out.push('\n');
     }
     // Pods with a CNI network get it inside the sandbox (runsc's own network stack).
-    if let Setup::Cri { cni_bin: Some(_) } = setup {
+    if let Setup::Cri {
+        cni_bin: Some(_), ..
+    } = setup
+    {
         out = out.replace("network = \"none\"", "network = \"sandbox\"");
     }
     // Tests add hooks by annotation (chalk.io/hooks); nodes opt in to that themselves.
@@ -492,14 +505,20 @@ state = "{state}"
             Setup::Cri { .. } => "",
         },
     );
-    if let Setup::Cri { cni_bin } = setup {
-        let (runtime, sandbox_image) = if version == 3 {
+    if let Setup::Cri {
+        cni_bin,
+        registry_hosts,
+    } = setup
+    {
+        let (images, runtime, sandbox_image) = if version == 3 {
             (
+                "io.containerd.cri.v1.images",
                 "io.containerd.cri.v1.runtime",
                 format!("[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = \"{PAUSE_IMAGE}\"\n"),
             )
         } else {
             (
+                "io.containerd.grpc.v1.cri",
                 "io.containerd.grpc.v1.cri",
                 format!("[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{PAUSE_IMAGE}\"\n"),
             )
@@ -510,11 +529,23 @@ state = "{state}"
         if cni_bin.is_some() {
             let _ = fs::write(cni_conf.join("10-chalk.conflist"), CNI_CONFLIST);
         }
+        // containerd 2.x reads a list of plugin directories (`bin_dir` is ignored there).
+        let bin_key = if version == 3 { "bin_dirs" } else { "bin_dir" };
+        let bin_value = if version == 3 {
+            format!("[\"{}\"]", bin.display())
+        } else {
+            format!("\"{}\"", bin.display())
+        };
         text.push_str(&format!(
-            "\n{sandbox_image}\n[plugins.\"{runtime}\".cni]\n  bin_dir = \"{}\"\n  conf_dir = \"{}\"\n",
-            bin.display(),
+            "\n{sandbox_image}\n[plugins.\"{runtime}\".cni]\n  {bin_key} = {bin_value}\n  conf_dir = \"{}\"\n",
             cni_conf.display()
         ));
+        if let Some(hosts) = registry_hosts {
+            text.push_str(&format!(
+                "\n[plugins.\"{images}\".registry]\n  config_path = \"{}\"\n",
+                hosts.display()
+            ));
+        }
     }
     text
 }

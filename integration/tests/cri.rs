@@ -49,9 +49,14 @@ impl Env {
             .into()
     }
 
-    /// Shim daemons and runsc sandbox processes serving `id` (a pod or a container).
+    /// Shim daemons and runsc sandbox processes of this containerd serving `id` (a pod or a
+    /// container).
     fn processes_for(&self, id: &str) -> (usize, usize) {
-        let ps = procs::processes();
+        let mine = self.c.dir().display().to_string();
+        let ps: Vec<_> = procs::processes()
+            .into_iter()
+            .filter(|(_, a)| a.iter().any(|x| x.contains(&mine)))
+            .collect();
         let shims = ps
             .iter()
             .filter(|(_, a)| {
@@ -259,22 +264,11 @@ fn pod_snapshot_keeps_the_pod_running(e: &Env) -> TestResult {
         let v: serde_json::Value = serde_json::from_str(&out.stdout)
             .map_err(|err| format!("chalkctl json: {err}: {out:?}"))?;
         ensure!(v["status"] == "completed", "pod snapshot: {v}");
-        // The snapshot knows the pod's containers; forking it (not done yet) is refused with
-        // them named, and leaves nothing behind.
         let id = v["id"].as_str().unwrap_or_default();
         let get = e.chalkctl(&["snapshot", "get", "--snapshot-id", id, "-o", "json"]);
         ensure!(
             get.stdout.contains("\"web\""),
             "the manifest misses web: {get:?}"
-        );
-        let fork = e.chalkctl(&["fork", "--snapshot-id", id, "--id", "pod-fork"]);
-        ensure!(
-            fork.code == 1 && fork.stderr.contains("pod's sandbox") && fork.stderr.contains("web"),
-            "fork of a pod snapshot: {fork:?}"
-        );
-        ensure!(
-            e.processes_for("pod-fork") == (0, 0),
-            "the refused fork left processes"
         );
         e.chalkctl(&["snapshot", "delete", "--snapshot-id", id]);
     } else {
@@ -299,9 +293,115 @@ fn pod_snapshot_keeps_the_pod_running(e: &Env) -> TestResult {
     e.stop_and_remove(&pod)
 }
 
+/// Runs `cmd` in task `id` with ctr (a fork's containers are containerd's, not CRI's).
+fn ctr_exec(e: &Env, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput {
+    static EXECS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = EXECS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let exec_id = format!("x{n}");
+    let mut args = vec!["task", "exec", "--exec-id", &exec_id, id];
+    args.extend_from_slice(cmd);
+    e.c.ctr(&args)
+}
+
+/// A pod's snapshot forks into a new sandbox holding all its containers, each carrying on
+/// from the snapshot, with copies of the pod's own files; Kubernetes does not see the fork.
+fn pod_fork_restores_every_container(e: &Env) -> TestResult {
+    let pod = e.cri.run_pod("forked", CRI_HANDLER, false)?;
+    let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
+    let side = e.cri.run_container(
+        &pod,
+        "side",
+        IMAGE,
+        &[
+            "/bin/sh",
+            "-c",
+            "echo side-state > /tmp/side; while true; do sleep 1; done",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(2500));
+    let out = e.chalkctl(&["snapshot", "create", "--id", &pod, "-o", "json"]);
+    ensure!(out.code == 0, "pod snapshot: {out:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).map_err(|err| format!("{err}: {out:?}"))?;
+    let snapshot = v["id"].as_str().unwrap_or_default().to_string();
+    let at_snapshot = e.counter(&web)?;
+
+    let started = Instant::now();
+    let fork = e.chalkctl(&["fork", "--snapshot-id", &snapshot, "--id", "pf"]);
+    ensure!(fork.code == 0, "fork of the pod: {fork:?}");
+    let forked_in = started.elapsed();
+    ensure!(
+        e.processes_for("pf") == (1, 1),
+        "the fork should be one sandbox under one shim: {:?}",
+        e.processes_for("pf")
+    );
+    // Each container carries on from the snapshot, in the fork's one sandbox.
+    std::thread::sleep(Duration::from_millis(1500));
+    let n = ctr_exec(e, "web-pf", &["cat", "/tmp/n"]);
+    let forked: u64 = n.stdout.trim().parse().unwrap_or(0);
+    ensure!(
+        n.code == 0 && forked + 1 >= at_snapshot,
+        "the fork's web counter {:?} (source had {at_snapshot} at the snapshot): {n:?}",
+        n.stdout
+    );
+    let state = ctr_exec(e, "side-pf", &["cat", "/tmp/side"]);
+    ensure!(
+        state.stdout == "side-state\n",
+        "the fork's side lost its memory: {state:?}"
+    );
+    // The fork's /etc/hosts is a copy: writing it leaves the source's alone.
+    let w = ctr_exec(
+        e,
+        "web-pf",
+        &["sh", "-c", "echo 10.9.9.9 forked >> /etc/hosts"],
+    );
+    let src = e.cri.exec_sync(&web, &["cat", "/etc/hosts"], 10 * SECOND)?;
+    ensure!(
+        w.code == 0 && !src.stdout.contains("forked"),
+        "the fork wrote into its source's /etc/hosts: {w:?} {src:?}"
+    );
+    // Both go on independently; Kubernetes knows only the source.
+    ensure!(e.counter(&web)? >= at_snapshot, "the source stopped");
+    ensure!(
+        e.cri.containers_of(&pod)?.len() == 2,
+        "CRI lists more than the source's two containers"
+    );
+    let list = e.chalkctl(&["list"]);
+    ensure!(
+        list.stdout.contains("web-pf") && list.stdout.contains("side-pf"),
+        "chalkctl list misses the fork's containers: {list:?}"
+    );
+    eprintln!("pod fork (3 containers) in {forked_in:?}");
+
+    for id in ["web-pf", "side-pf", "pf"] {
+        e.c.ctr(["task", "kill", "-s", "SIGKILL", id]);
+    }
+    for id in ["web-pf", "side-pf", "pf"] {
+        let deadline = Instant::now() + 10 * SECOND;
+        while e.c.ctr(["task", "delete", id]).code != 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        e.c.ctr(["containers", "rm", id]);
+    }
+    let deadline = Instant::now() + 10 * SECOND;
+    while e.processes_for("pf") != (0, 0) {
+        ensure!(
+            Instant::now() < deadline,
+            "the fork left processes: {:?}; tasks: {}",
+            e.processes_for("pf"),
+            e.c.ctr(["task", "ls"]).stdout
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    let _ = side;
+    e.stop_and_remove(&pod)
+}
+
 fn main() {
     let args = Arguments::from_args();
-    let c = Containerd::start_cri(None).unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
+    let c = Containerd::start_cri(None, None)
+        .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     let cri = Cri::connect(&c.socket()).unwrap_or_else(|e| panic!("CRI: {e}"));
     let env = Arc::new(Env { c, cri });
 
@@ -319,12 +419,19 @@ fn main() {
             "pod_snapshot_keeps_the_pod_running",
             pod_snapshot_keeps_the_pod_running,
         ),
+        (
+            "pod_fork_restores_every_container",
+            pod_fork_restores_every_container,
+        ),
     ];
+    // Debian's runsc (2022) cannot snapshot a running pod (see above), so nor fork one.
+    let old_runsc = std::env::var_os("CHALK_RUNSC").is_none_or(|v| v.is_empty());
     let trials = cases
         .iter()
         .map(|(name, f)| {
             let (env, f) = (env.clone(), *f);
             Trial::test(*name, move || f(&env))
+                .with_ignored_flag(old_runsc && name.starts_with("pod_fork"))
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);

@@ -7,6 +7,11 @@ use serde_json::Value;
 pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
+/// Set on a fork's containers by chalkctl: the id of the pod the snapshot was taken from. The
+/// shim copies that pod's own bind-mounted files (hosts, resolv.conf, shm...) for the fork
+/// instead of sharing them with the source.
+pub const PRIVATE_MOUNTS_OF: &str = "chalk.io/private-mounts-of";
+
 /// The strings of a JSON array (a capability set, args, env); empty when absent.
 pub fn strings(v: &Value) -> Vec<String> {
     v.as_array()
@@ -55,6 +60,70 @@ pub fn workload_oom_score_adj(spec: &Value) -> Option<i32> {
         .and_then(|v| i32::try_from(v).ok())
 }
 
+/// The indexes of the bind mounts in `spec` whose source belongs to pod `pod` (its path names
+/// the pod's id, as containerd's per-pod files do): what a fork of the pod must not share.
+pub fn pod_private_mounts(spec: &Value, pod: &str) -> Vec<usize> {
+    if crate::ids::container_id(pod).is_err() {
+        return Vec::new();
+    }
+    let mounts = spec.get("mounts").and_then(Value::as_array);
+    mounts
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, m)| {
+            let bind = m["type"] == "bind"
+                || strings(&m["options"])
+                    .iter()
+                    .any(|o| o == "bind" || o == "rbind");
+            let source = m["source"].as_str().unwrap_or("");
+            bind && std::path::Path::new(source)
+                .components()
+                .any(|c| c.as_os_str() == pod)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// A fork's spec from its source's: container `old_id` becomes `new_id`, in pod `new_pod`
+/// (from `old_pod`) when it is a pod's. It gets a cgroup of its own, a network of its own
+/// (runsc and the shim make a fresh namespace where the spec names none), and copies of the
+/// source pod's files.
+pub fn fork_spec(spec: &mut Value, old_id: &str, new_id: &str, pod: Option<(&str, &str)>) {
+    if let Some(path) = spec.pointer_mut("/linux/cgroupsPath") {
+        if let Some(p) = path.as_str().filter(|p| p.contains(old_id)) {
+            *path = Value::String(p.replace(old_id, new_id));
+        }
+    }
+    if let Some(namespaces) = spec
+        .pointer_mut("/linux/namespaces")
+        .and_then(Value::as_array_mut)
+    {
+        // A pod container's namespaces are its sandbox's (`/proc/<sandbox pid>/ns/...`):
+        // the source's. The fork's container shares its own sandbox's instead; runsc makes
+        // a pid namespace given as the sandbox's the sandbox root one, so leave it out.
+        let of_a_process = |ns: &Value| {
+            ns["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/proc/") && p.contains("/ns/"))
+        };
+        namespaces.retain(|ns| !(ns["type"] == "pid" && of_a_process(ns)));
+        for ns in namespaces.iter_mut() {
+            if ns["type"] == "network" || of_a_process(ns) {
+                if let Some(ns) = ns.as_object_mut() {
+                    ns.remove("path");
+                }
+            }
+        }
+    }
+    if let Some((old_pod, new_pod)) = pod {
+        if let Some(a) = spec.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.insert(CRI_SANDBOX_ID.into(), new_pod.into());
+            a.insert(PRIVATE_MOUNTS_OF.into(), old_pod.into());
+        }
+    }
+}
+
 /// The id of the sandbox `id` runs in: its pod's, or its own. Containers of one pod share one
 /// shim and one runsc root, as they share one sandbox.
 pub fn sandbox_id_of(spec: Option<&Value>, id: &str) -> String {
@@ -100,6 +169,42 @@ mod tests {
         assert_eq!(workload_oom_score_adj(&spec("sandbox")), None);
         assert_eq!(workload_oom_score_adj(&spec("container")), Some(-998));
         assert_eq!(workload_oom_score_adj(&json!({"process": {}})), None);
+    }
+
+    #[test]
+    fn a_fork_owns_its_cgroup_network_and_pod_files() {
+        let old = "a".repeat(64);
+        let mut spec = json!({
+            "annotations": {CRI_SANDBOX_ID: old, CRI_CONTAINER_TYPE: "container"},
+            "linux": {
+                "cgroupsPath": "/kubepods/pod1/c1",
+                "namespaces": [
+                    {"type": "network", "path": "/var/run/netns/cni-1"},
+                    {"type": "pid", "path": "/proc/42/ns/pid"},
+                    {"type": "ipc", "path": "/proc/42/ns/ipc"},
+                    {"type": "mount"}
+                ]
+            },
+            "mounts": [
+                {"destination": "/etc/hosts", "type": "bind", "source": format!("/var/lib/cri/sandboxes/{old}/hosts")},
+                {"destination": "/data", "type": "bind", "source": "/srv/data"},
+                {"destination": "/dev/shm", "type": "none", "options": ["rbind"], "source": format!("/run/cri/{old}/shm")},
+                {"destination": "/proc", "type": "proc", "source": "proc"}
+            ]
+        });
+        assert_eq!(pod_private_mounts(&spec, &old), [0, 2]);
+        assert!(pod_private_mounts(&spec, "../x").is_empty());
+        fork_spec(&mut spec, "c1", "f-c1", Some((&old, "f")));
+        assert_eq!(spec["linux"]["cgroupsPath"], "/kubepods/pod1/f-c1");
+        assert_eq!(
+            spec["linux"]["namespaces"],
+            json!([{"type": "network"}, {"type": "ipc"}, {"type": "mount"}])
+        );
+        assert_eq!(spec["annotations"][CRI_SANDBOX_ID], "f");
+        assert_eq!(spec["annotations"][PRIVATE_MOUNTS_OF], old.as_str());
+        let mut plain = json!({"linux": {"cgroupsPath": "/other"}});
+        fork_spec(&mut plain, "c1", "f", None);
+        assert_eq!(plain, json!({"linux": {"cgroupsPath": "/other"}}));
     }
 
     #[test]

@@ -119,6 +119,9 @@ pub struct RestoreFrom {
     pub dir: PathBuf,
     /// The CUDA processes moved off the GPU before it was taken.
     pub cuda_pids: Vec<u32>,
+    /// How many pod containers the sandbox held besides its own (each is restored into it
+    /// when it starts).
+    pub pod_members: usize,
 }
 
 pub struct Container {
@@ -137,6 +140,8 @@ pub struct Container {
     pub netns: Option<PathBuf>,
     /// A verified checkpoint to restore at Start instead of starting afresh.
     pub restore_from: Option<RestoreFrom>,
+    /// A pod sandbox being restored: how many of its pod's containers are still to be.
+    pub pending_pod_members: std::sync::atomic::AtomicUsize,
     /// Whether the running sandbox came from a checkpoint (runsc treats those differently).
     pub restored: AtomicBool,
     /// What runs around its checkpoints and restores: the options' hooks, then its own.

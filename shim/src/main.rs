@@ -12,6 +12,7 @@ mod io;
 mod logger;
 mod metrics;
 mod oom;
+mod private_mounts;
 mod reaper;
 mod runtime_options;
 mod service;

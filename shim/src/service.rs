@@ -31,6 +31,12 @@ pub fn grouping(bundle: &Path, id: &str) -> String {
     chalk_runtime::spec::sandbox_id_of(spec.as_ref(), id)
 }
 
+/// Whether a shim daemon answers on `address` (`unix://PATH`).
+fn serving(address: &str) -> bool {
+    let path = address.strip_prefix("unix://").unwrap_or(address);
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 /// Moves the shim daemon into the cgroup the task options name (ShimCgroup) and makes it a
 /// little more OOM-killable than containerd, as the runc shim does.
 fn place_shim(pid: u32) -> containerd_shim::Result<()> {
@@ -61,6 +67,14 @@ impl Shim for Service {
     fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
         let cwd = std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
         let group = grouping(&cwd, &opts.id);
+        // A pod's later containers join the shim its sandbox started. Spawning a daemon only
+        // to see it exit (the crate's way) makes its SIGCHLD race this process's exit, where
+        // the crate's signal handling can spin for ever; answer with the running one instead.
+        let existing = containerd_shim::socket_address(&opts.address, &opts.namespace, &group);
+        if group != opts.id && serving(&existing) {
+            write_address(&existing)?;
+            return Ok(existing);
+        }
         let (pid, address) = containerd_shim::spawn(opts, &group, Vec::new())?;
         // The daemon goes into the cgroup containerd asks for (runc options' ShimCgroup, sent
         // on stdin) and is a little more OOM-killable than containerd, as with the runc shim.

@@ -405,16 +405,7 @@ impl TaskService {
                 }
             }
         }
-        if let Some(names) = pod_container_names(&m.extra) {
-            return Err(ShimError::FailedPrecondition(format!(
-                "snapshot {} is of a pod's sandbox with {} more container(s) in it ({}): a \
-                 restore would need each of them restored into the new sandbox, which chalk \
-                 does not do yet; snapshot a sandbox without pod containers to fork it",
-                dir.display(),
-                names.len(),
-                names.join(", ")
-            )));
-        }
+        let pod_members = pod_container_names(&m.extra).map_or(0, |n| n.len());
         log::info!(
             "container {id}: snapshot {} ({} bytes) verified in {:?}",
             dir.display(),
@@ -424,6 +415,7 @@ impl TaskService {
         Ok(RestoreFrom {
             dir: dir.to_path_buf(),
             cuda_pids: crate::gpu::moved_pids(&m.extra),
+            pod_members,
         })
     }
 }
@@ -463,10 +455,12 @@ fn pod_facts(members: &[Arc<Container>]) -> serde_json::Value {
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .unwrap_or_default();
             let annotation = |k: &str| spec["annotations"][k].as_str().unwrap_or("").to_string();
+            // The spec as runsc saw it: a fork recreates the container from it.
             serde_json::json!({
                 "id": m.id,
                 "name": annotation("io.kubernetes.cri.container-name"),
                 "image": annotation("io.kubernetes.cri.image-name"),
+                "spec": spec,
             })
         })
         .collect();

@@ -282,9 +282,11 @@ impl TaskService {
         );
 
         let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
-        let netns = netns::needs_private_netns(&spec, network)
+        // A pod container lives in its sandbox's network, whatever its spec says.
+        let own_network = !matches!(placement, Placement::InPod { .. });
+        let netns = (own_network && netns::needs_private_netns(&spec, network))
             .then(|| netns::netns_path(&opts.root, &self.inner.namespace, &req.id));
-        let adapted = adapted_spec(&spec, netns.as_deref(), req.terminal);
+        let mut adapted = adapted_spec(&spec, netns.as_deref(), req.terminal);
         // A restore is verified before anything is made for it.
         let restore_from = match req.checkpoint.as_str() {
             "" => None,
@@ -308,7 +310,9 @@ impl TaskService {
                 return Err(e);
             }
         }
-        if let Err(e) = write_spec(&bundle, &spec, &adapted) {
+        let made_private = crate::private_mounts::make_private(&mut adapted, &bundle)
+            .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)));
+        if let Err(e) = made_private.and_then(|_| write_spec(&bundle, &spec, &adapted)) {
             cleanup_bundle(&bundle, false, netns.as_deref());
             return Err(e);
         }
@@ -335,6 +339,7 @@ impl TaskService {
             sandbox_id,
             placement,
             oom_score_adj: chalk_runtime::spec::workload_oom_score_adj(&spec),
+            pending_pod_members: Default::default(),
             bundle: bundle.clone(),
             runsc,
             features,
@@ -606,26 +611,13 @@ impl TaskService {
             st.init.io = pio;
             self.watch_init(&c, pid, started_at);
             log::info!("container {id}: restored from {}", from.dir.display());
-            // A restore whose CUDA processes cannot come back, or whose post-restore hooks
-            // fail, has failed: its sandbox ends.
-            let options = c
-                .gpu
-                .as_ref()
-                .map(|g| g.options.clone())
-                .unwrap_or_default();
-            let settled = crate::gpu::restore(&c, &options, &from.cuda_pids).and_then(|_| {
-                crate::hooks::run(&c, chalk_hooks::Stage::PostRestore, None)
-                    .map(drop)
-                    .map_err(|e| ShimError::FailedPrecondition(e.to_string()))
-            });
-            if let Err(e) = settled {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                return Err(ShimError::FailedPrecondition(format!(
-                    "container {id}: restored, then {e}; the sandbox was stopped"
-                )));
+            if from.pod_members > 0 {
+                // The sandbox waits for its pod's containers (their starts restore them);
+                // the last one's completes the restore, and settles it.
+                c.pending_pod_members
+                    .store(from.pod_members, Ordering::SeqCst);
+            } else {
+                self.settle_restore(&c, &from.cuda_pids, pid)?;
             }
         } else if c.in_pod() {
             self.start_in_pod(&c, &mut st.init)?;
@@ -674,6 +666,51 @@ impl TaskService {
         }
     }
 
+    /// After a restore: CUDA processes back on the GPU, then the post-restore hooks. A restore
+    /// where either fails has failed: its sandbox (`pid`) ends.
+    fn settle_restore(&self, c: &Container, cuda_pids: &[u32], pid: i32) -> Result<()> {
+        let options = c
+            .gpu
+            .as_ref()
+            .map(|g| g.options.clone())
+            .unwrap_or_default();
+        let settled = crate::gpu::restore(c, &options, cuda_pids).and_then(|_| {
+            crate::hooks::run(c, chalk_hooks::Stage::PostRestore, None)
+                .map(drop)
+                .map_err(|e| ShimError::FailedPrecondition(e.to_string()))
+        });
+        settled.map_err(|e| {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            ShimError::FailedPrecondition(format!(
+                "container {}: restored, then {e}; the sandbox was stopped",
+                c.id
+            ))
+        })
+    }
+
+    /// A pod container of a sandbox being restored has started (and so been restored into
+    /// it); after the last one, the sandbox's restore is settled.
+    fn pod_member_restored(&self, c: &Container) -> Result<()> {
+        let Ok(root) = self.container(&c.sandbox_id) else {
+            return Ok(());
+        };
+        let last = root
+            .pending_pod_members
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            == Ok(1);
+        match (&root.restore_from, last) {
+            (Some(from), true) => {
+                let pid = root.state.lock().unwrap().init.pid as i32;
+                log::info!("pod sandbox {}: all its containers restored", root.id);
+                self.settle_restore(&root, &from.cuda_pids, pid)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `runsc start` of a pod container with its stdio, then `runsc wait` for its exit.
     fn start_in_pod(&self, c: &Arc<Container>, init: &mut Process) -> Result<()> {
         let (stdio, pio) = if init.stdio.terminal {
@@ -691,6 +728,7 @@ impl TaskService {
         if let Some(pio) = pio {
             init.io = pio;
         }
+        self.pod_member_restored(c)?;
         let (this, c) = (self.clone(), c.clone());
         std::thread::spawn(move || {
             let status = c.runsc.wait(&c.id).unwrap_or_else(|e| {

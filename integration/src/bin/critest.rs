@@ -4,7 +4,8 @@
 //! spec with its result, and the first line of each failure.
 //!
 //! critest pulls its images from public registries; none is reachable here, so a local
-//! registry serves busybox-based stand-ins under the same paths (`-registry-prefix`): the
+//! registry, set as containerd's mirror for those registries, serves busybox-based stand-ins
+//! under the same names: the
 //! plain busybox, web servers (busybox httpd where critest expects nginx/httpd), and images
 //! whose config carries the users the image tests look for. Pods get networks from the CNI
 //! bridge plugin.
@@ -67,6 +68,7 @@ fn stand_ins() -> Vec<StandIn> {
     };
     let mut all = vec![
         plain(format!("{E2E}/busybox:1.29-2")),
+        plain(format!("{E2E}/busybox:latest")),
         web(format!("{E2E}/nginx:1.14-2"), "80"),
         web(format!("{E2E}/httpd:2.4.39-4"), "80"),
         web(format!("{STAGING}/hostnet-nginx-amd64:latest"), "12003"),
@@ -237,15 +239,25 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let _registry = start_registry(&registry, work.path())?;
     fill_registry()?;
-    let c = Containerd::start_cri(Some(cni)).map_err(|e| e.to_string())?;
+    let hosts = work.path().join("hosts");
+    for upstream in ["registry.k8s.io", "gcr.io"] {
+        let dir = hosts.join(upstream);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"https://{upstream}\"\n\n[host.\"http://{REGISTRY}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let c = Containerd::start_cri(Some(cni), Some(hosts)).map_err(|e| e.to_string())?;
     let endpoint = format!("unix://{}", c.socket().display());
     let json = work.path().join("critest.json");
     let mut cmd = Command::new(&critest);
     cmd.arg(format!("-runtime-endpoint={endpoint}"))
         .arg(format!("-image-endpoint={endpoint}"))
         .arg(format!("-runtime-handler={CRI_HANDLER}"))
-        .arg(format!("-registry-prefix={REGISTRY}"))
-        .arg("-parallel=1")
         .arg("--ginkgo.no-color")
         .arg(format!("--ginkgo.json-report={}", json.display()))
         .current_dir(work.path());
@@ -286,7 +298,10 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
         md,
         "| spec | result | first line of the failure |\n|---|---|---|"
     );
-    for s in &specs {
+    for s in specs
+        .iter()
+        .filter(|s| focus.is_none() || s.state != "skipped")
+    {
         let _ = writeln!(
             md,
             "| {} | {} | {} |",

@@ -19,7 +19,7 @@ use containerd_client::{
         CheckpointTaskRequest, Container, CreateContainerRequest, CreateImageRequest,
         CreateRequest as CreateLease, CreateTaskRequest, DeleteContainerRequest,
         DeleteImageRequest, DeleteRequest as DeleteLease, DeleteTaskRequest, GetContainerRequest,
-        GetImageRequest, GetRequest as GetTaskRequest, Image, ListContainersRequest,
+        GetImageRequest, GetRequest as GetTaskRequest, Image, KillRequest, ListContainersRequest,
         ListImagesRequest, ReadContentRequest, StartRequest, UpdateContainerRequest,
         UpdateImageRequest, WriteAction, WriteContentRequest,
     },
@@ -427,6 +427,24 @@ impl Client {
 
     pub fn delete_task(&self, id: &str) {
         let _ = self.try_delete_task(id);
+    }
+
+    /// Ends a task that may be running (SIGKILL to all its processes), then deletes it:
+    /// undoing a fork that got part of the way.
+    pub fn kill_and_delete_task(&self, id: &str) {
+        if self.try_delete_task(id).is_ok() {
+            return;
+        }
+        let req = self.req(KillRequest {
+            container_id: id.to_string(),
+            signal: libc::SIGKILL as u32,
+            all: true,
+            ..Default::default()
+        });
+        let _ = self
+            .rt
+            .block_on(TasksClient::new(self.channel.clone()).kill(req));
+        let _ = self.delete_stopped_task(id);
     }
 
     fn try_delete_task(&self, id: &str) -> std::result::Result<(), Status> {

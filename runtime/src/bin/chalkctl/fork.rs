@@ -27,9 +27,21 @@ pub struct Forked {
     pub elapsed_ms: u64,
 }
 
+/// A container of a pod that was in the snapshot's sandbox besides its sandbox container.
+struct PodMember {
+    id: String,
+    name: String,
+    image: String,
+    spec: Value,
+}
+
 /// What a snapshot's index holds for a restore.
 pub(crate) struct Parts {
     pub checkpoint: Descriptor,
+    /// The sandbox the snapshot was taken of (set by the caller, from its record).
+    source: String,
+    /// The other containers of its pod, recreated in each fork.
+    members: Vec<PodMember>,
     spec: prost_types::Any,
     snapshotter: String,
     image: String,
@@ -83,12 +95,43 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
     };
     Ok(Parts {
         chain_id: image_config(client, &base)?.1,
+        source: String::new(),
+        members: pod_members(client, &checkpoint.digest)?,
         checkpoint,
         spec,
         snapshotter: note("io.containerd.checkpoint.snapshotter"),
         image: note("org.opencontainers.image.ref.name"),
         base,
     })
+}
+
+/// The pod containers the snapshot's manifest records (none for a plain sandbox).
+fn pod_members(client: &Client, checkpoint: &str) -> Result<Vec<PodMember>> {
+    let Some(text) = snapshots::tar_entry(client, checkpoint, "chalk.manifest.json")? else {
+        return Ok(Vec::new());
+    };
+    let m: Value = serde_json::from_slice(&text).map_err(|e| format!("the manifest: {e}"))?;
+    m["extra"]["pod"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let field = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            let member = PodMember {
+                id: field("id"),
+                name: field("name"),
+                image: field("image"),
+                spec: c["spec"].clone(),
+            };
+            if member.name.is_empty() || member.image.is_empty() || !member.spec.is_object() {
+                return Err(format!(
+                    "the snapshot records pod container {} without its name, image or spec",
+                    member.id
+                ));
+            }
+            Ok(member)
+        })
+        .collect()
 }
 
 /// An image's config (for this platform's manifest when the image is an index) and the
@@ -170,7 +213,8 @@ pub fn fork(
             ))
         }
     }
-    let p = parts(client, &snap.digest)?;
+    let mut p = parts(client, &snap.digest)?;
+    p.source = snap.sandbox_id.clone();
     progress.step(&format!(
         "snapshot {} of {} verified; forking {count}",
         short(&snap.digest),
@@ -197,7 +241,7 @@ pub fn fork(
                         Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
                         Err(e) => {
                             progress.step(&format!("{new} failed: {e}"));
-                            client.delete_task(&new);
+                            client.kill_and_delete_task(&new);
                             client.delete_container(&new);
                             client.remove_snapshot(&p.snapshotter, &new);
                         }
@@ -221,24 +265,111 @@ pub fn fork(
 fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
     chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
     client.prepare_snapshot(&p.snapshotter, id, &p.chain_id)?;
-    let mut labels = HashMap::new();
-    labels.insert(FORKED_FROM.to_string(), snapshot.to_string());
+    let mut spec: Value =
+        serde_json::from_slice(&p.spec.value).map_err(|e| format!("the snapshot's spec: {e}"))?;
+    let pod = (!p.members.is_empty()).then_some((p.source.as_str(), id));
+    chalk_runtime::spec::fork_spec(&mut spec, &p.source, id, pod);
     let container = Container {
         id: id.to_string(),
-        labels,
+        labels: HashMap::from([(FORKED_FROM.to_string(), snapshot.to_string())]),
         // Pinned by digest: the restore checks this digest, whatever the tag says now.
         image: format!("{}@{}", p.image, p.base.digest),
         runtime: Some(Runtime {
             name: RUNTIME.into(),
             options: None,
         }),
-        spec: Some(p.spec.clone()),
+        spec: Some(prost_types::Any {
+            type_url: p.spec.type_url.clone(),
+            value: serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
+        }),
         snapshotter: p.snapshotter.clone(),
         snapshot_key: id.to_string(),
         ..Default::default()
     };
     client.create_container(container.clone())?;
-    client.start_task(&container, Some(&p.checkpoint))
+    let pid = client.start_task(&container, Some(&p.checkpoint))?;
+    // The sandbox waits for its pod's containers: starting each restores it into the
+    // sandbox (runsc matches them by their CRI names), the last one completes the restore.
+    let mut made = Vec::new();
+    let ids = member_ids(id, &p.members)?;
+    for (m, member_id) in p.members.iter().zip(&ids) {
+        let started = member(client, p, m, member_id, id, snapshot, &mut made);
+        if let Err(e) = started {
+            for member in made.iter().rev() {
+                client.kill_and_delete_task(member);
+                client.delete_container(member);
+                client.remove_snapshot(&p.snapshotter, member);
+            }
+            return Err(format!("pod container {} of the fork: {e}", m.name));
+        }
+    }
+    Ok(pid)
+}
+
+/// The ids of a pod fork's containers: `<name>-<fork>`. runsc finds a container by any
+/// prefix of its id and refuses an id that prefixes another in the same sandbox (even an
+/// exact one), so no id of the fork may begin another: `<fork>-<name>` always would.
+fn member_ids(fork: &str, members: &[PodMember]) -> Result<Vec<String>> {
+    let ids: Vec<String> = members
+        .iter()
+        .map(|m| format!("{}-{fork}", m.name))
+        .collect();
+    for id in &ids {
+        chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
+    }
+    let all: Vec<&str> = std::iter::once(fork)
+        .chain(ids.iter().map(String::as_str))
+        .collect();
+    for a in &all {
+        if let Some(b) = all.iter().find(|b| b != &a && b.starts_with(a)) {
+            return Err(format!(
+                "fork id {fork}: the fork's containers would be {a} and {b}, and runsc cannot \
+                 tell ids apart when one begins another; pick another --id"
+            ));
+        }
+    }
+    Ok(ids)
+}
+
+/// Creates and starts pod container `m` as `id` in fork `pod`, on its image by digest;
+/// records its id in `made` as soon as there is something to remove.
+fn member(
+    client: &Client,
+    p: &Parts,
+    m: &PodMember,
+    id: &str,
+    pod: &str,
+    snapshot: &str,
+    made: &mut Vec<String>,
+) -> Result<()> {
+    let id = id.to_string();
+    let image = client.image(&m.image)?;
+    let target = image
+        .target
+        .ok_or_else(|| format!("image {} has no target", m.image))?;
+    let (_, chain_id) = image_config(client, &target)?;
+    client.prepare_snapshot(&p.snapshotter, &id, &chain_id)?;
+    made.push(id.clone());
+    let mut spec = m.spec.clone();
+    chalk_runtime::spec::fork_spec(&mut spec, &m.id, &id, Some((&p.source, pod)));
+    let container = Container {
+        id: id.clone(),
+        labels: HashMap::from([(FORKED_FROM.to_string(), snapshot.to_string())]),
+        image: format!("{}@{}", m.image, target.digest),
+        runtime: Some(Runtime {
+            name: RUNTIME.into(),
+            options: None,
+        }),
+        spec: Some(prost_types::Any {
+            type_url: p.spec.type_url.clone(),
+            value: serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
+        }),
+        snapshotter: p.snapshotter.clone(),
+        snapshot_key: id.clone(),
+        ..Default::default()
+    };
+    client.create_container(container.clone())?;
+    client.start_task(&container, None).map(drop)
 }
 
 /// Brings suspended sandbox `id` back under the same id from the snapshot it records.
@@ -271,6 +402,22 @@ mod tests {
         assert_eq!(fork_ids(Some("f"), "web", "1", 1), ["f"]);
         assert_eq!(fork_ids(Some("f"), "web", "1", 3), ["f-1", "f-2", "f-3"]);
         assert_eq!(fork_ids(None, "web", "2026", 1), ["web-fork-2026"]);
+    }
+
+    #[test]
+    fn pod_fork_ids_never_begin_one_another() {
+        let member = |name: &str| PodMember {
+            id: "x".into(),
+            name: name.into(),
+            image: "i".into(),
+            spec: Value::Null,
+        };
+        let ids = member_ids("pf", &[member("web"), member("side")]).unwrap();
+        assert_eq!(ids, ["web-pf", "side-pf"]);
+        // "w" begins "web-w": runsc could not tell them apart.
+        let err = member_ids("w", &[member("web")]).unwrap_err();
+        assert!(err.contains("pick another --id"), "{err}");
+        assert!(member_ids("pf", &[member("a"), member("a-pf")]).is_err());
     }
 
     #[test]

@@ -342,7 +342,7 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
 
 /// The content of entry `name` of the tar in blob `digest`, read header by header with
 /// ranged reads (entries are not loaded on the way).
-fn tar_entry(client: &Client, digest: &str, name: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) fn tar_entry(client: &Client, digest: &str, name: &str) -> Result<Option<Vec<u8>>> {
     const BLOCK: u64 = 512;
     let mut offset = 0;
     loop {
