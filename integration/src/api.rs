@@ -26,6 +26,19 @@ pub use containerd_client::types::Descriptor;
 /// The media type of the checkpoint tar containerd stores for a task checkpoint.
 pub const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
 
+/// A single-threaded runtime and a gRPC channel to containerd's socket (its API and its CRI
+/// plugin listen on the same one).
+pub fn grpc_channel(socket: &Path) -> Result<(tokio::runtime::Runtime, Channel), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let channel = rt
+        .block_on(containerd_client::connect(socket))
+        .map_err(|e| format!("connect {}: {e}", socket.display()))?;
+    Ok((rt, channel))
+}
+
 pub struct Api {
     rt: tokio::runtime::Runtime,
     channel: Channel,
@@ -35,13 +48,7 @@ pub struct Api {
 
 impl Api {
     pub fn connect(socket: &Path, namespace: &str) -> Result<Self, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        let channel = rt
-            .block_on(containerd_client::connect(socket))
-            .map_err(|e| format!("connect {}: {e}", socket.display()))?;
+        let (rt, channel) = grpc_channel(socket)?;
         Ok(Api {
             rt,
             channel,

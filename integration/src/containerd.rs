@@ -13,7 +13,7 @@ use std::{
 
 /// The image every test and the demo runs.
 pub const IMAGE: &str = "docker.io/chalk/busybox:test";
-/// The pod sandbox ("pause") image of the CRI setup: busybox sleeping for ever.
+/// The pod sandbox ("pause") image of the CRI setup: busybox waiting for ever.
 pub const PAUSE_IMAGE: &str = "docker.io/chalk/pause:test";
 /// The containerd namespace containerd's CRI plugin keeps pods in.
 pub const CRI_NAMESPACE: &str = "k8s.io";
@@ -139,7 +139,8 @@ impl Containerd {
             registry_hosts,
         })?;
         c.import_busybox()?;
-        c.import_running(PAUSE_IMAGE, &["/bin/sleep", "2147483647"])?;
+        // Blocks for ever, as `tail` rather than `sleep`: critest looks for its own sleeps.
+        c.import_running(PAUSE_IMAGE, &["/bin/tail", "-f", "/dev/null"])?;
         Ok(c)
     }
 
@@ -216,6 +217,12 @@ impl Containerd {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Kills the daemon (SIGKILL), leaving its shims and sandboxes without it.
+    pub fn kill_daemon(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
     }
 
     pub fn dir(&self) -> &Path {
@@ -358,6 +365,19 @@ impl Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
+        if !matches!(self.daemon.try_wait(), Ok(None)) {
+            // Killed already: end what it left running, without asking it.
+            let mine = self.dir.path().display().to_string();
+            for (pid, _) in crate::procs::processes()
+                .into_iter()
+                .filter(|(_, a)| a.iter().any(|x| x.contains(&mine)))
+            {
+                let _ = nix_kill(pid, libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            unmount_under(self.dir.path());
+            return;
+        }
         // Remove what is left in the namespace, then stop the daemon.
         let tasks = self.ctr(["task", "ls", "-q"]).stdout;
         for id in tasks.lines().filter(|l| !l.is_empty()) {

@@ -33,13 +33,7 @@ pub struct Cri {
 
 impl Cri {
     pub fn connect(socket: &Path) -> Result<Self, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        let channel = rt
-            .block_on(containerd_client::connect(socket))
-            .map_err(|e| format!("connect {}: {e}", socket.display()))?;
+        let (rt, channel) = crate::api::grpc_channel(socket)?;
         Ok(Cri {
             rt,
             channel,

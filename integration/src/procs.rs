@@ -18,3 +18,19 @@ pub fn processes() -> Vec<(u32, Vec<String>)> {
         })
         .collect()
 }
+
+/// The first line `bin args` prints, trimmed; what went wrong when it cannot run.
+pub fn first_line(bin: &std::path::Path, args: &[&str]) -> String {
+    std::process::Command::new(bin)
+        .args(args)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_else(|e| format!("{}: {e}", bin.display()))
+}

@@ -966,6 +966,45 @@ fn dead_shim_is_cleaned_up(e: &Env) -> TestResult {
     e.assert_clean("orphan")
 }
 
+/// A shim whose containerd is gone waits quietly for it (the crate's SIGPIPE handling once
+/// made it spin a core when it wrote to containerd's closed log pipe).
+fn a_shim_without_containerd_stays_idle(_e: &Env) -> TestResult {
+    let mut c = Containerd::start().map_err(|e| e.to_string())?;
+    c.import_busybox().map_err(|e| e.to_string())?;
+    let out = c.ctr([
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "lonely",
+        "sleep",
+        "2",
+    ]);
+    ensure!(out.code == 0, "ctr run: {out:?}");
+    let shim = find_shim("lonely").ok_or("no shim for lonely")?;
+    c.kill_daemon();
+    // The process exits with nobody to tell: the shim's writes to containerd now fail.
+    std::thread::sleep(Duration::from_secs(4));
+    let ticks = |pid: i32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after_comm = stat.rsplit(')').next().unwrap_or_default();
+        let f: Vec<&str> = after_comm.split_whitespace().collect();
+        f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let before = ticks(shim);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = ticks(shim) - before;
+    // SAFETY: kill(2) of the shim found above, which containerd can no longer stop.
+    unsafe { libc::kill(shim, libc::SIGKILL) };
+    ensure!(
+        used < 20,
+        "the shim used {used} clock ticks of CPU in 2 s without containerd"
+    );
+    Ok(())
+}
+
 fn find_shim(id: &str) -> Option<i32> {
     std::fs::read_dir("/proc")
         .ok()?
@@ -1056,6 +1095,10 @@ fn main() {
         ("runsc_debug_log_when_asked", runsc_debug_log_when_asked),
         ("shim_logs_reach_containerd", shim_logs_reach_containerd),
         ("dead_shim_is_cleaned_up", dead_shim_is_cleaned_up),
+        (
+            "a_shim_without_containerd_stays_idle",
+            a_shim_without_containerd_stays_idle,
+        ),
         (
             "snapshot_keeps_the_source_and_forks_continue",
             snapshots::snapshot_keeps_the_source_and_forks_continue,

@@ -55,6 +55,11 @@ impl Shim for Service {
     type T = TaskService;
 
     fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        // The crate hands SIGPIPE to its signal thread, which logs it, to containerd's log
+        // fifo: with containerd gone, that write raises SIGPIPE again, for ever (a shim
+        // spinning a core). A write to a closed pipe is an EPIPE error here, as with std.
+        // SAFETY: setting a signal's disposition to ignore has no preconditions.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
         Service {
             namespace: args.namespace.clone(),
             address: args.address.clone(),

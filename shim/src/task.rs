@@ -210,6 +210,13 @@ impl TaskService {
         {
             runsc.add_flag(&format!("--shared-root={}", shared_root.display()));
         }
+        // A seccomp profile in the spec (Kubernetes' RuntimeDefault, a pod's own) applies to
+        // the container's processes inside the sandbox, as it would under runc.
+        if features.global_flags.contains("oci-seccomp")
+            && !opts.runsc_config.contains_key("oci-seccomp")
+        {
+            runsc.add_flag("--oci-seccomp");
+        }
         features
             .check_flags(&runsc.global().flags)
             .map_err(ShimError::InvalidArgument)?;
@@ -403,18 +410,17 @@ impl TaskService {
         Ok(pid as u32)
     }
 
+    /// Every container of this shim, for looking through without holding the map's lock.
+    fn all_containers(&self) -> Vec<Arc<Container>> {
+        let map = self.inner.containers.lock().unwrap();
+        map.values().cloned().collect()
+    }
+
     /// The containers of pod sandbox `sandbox_id` other than its sandbox container that have
     /// not stopped.
     pub(crate) fn pod_members(&self, sandbox_id: &str) -> Vec<Arc<Container>> {
-        let all: Vec<Arc<Container>> = self
-            .inner
-            .containers
-            .lock()
-            .unwrap()
-            .values()
-            .cloned()
-            .collect();
-        all.into_iter()
+        self.all_containers()
+            .into_iter()
             .filter(|c| c.in_pod() && c.sandbox_id == sandbox_id)
             .filter(|c| c.state.lock().unwrap().init.status != Status::Stopped)
             .collect()
@@ -644,15 +650,8 @@ impl TaskService {
     /// Gives sandbox process `pid` the lowest OOM score its running containers ask for (as
     /// runsc does for a pod), or leaves the one it inherited from the shim.
     fn adjust_oom_score(&self, sandbox_id: &str, pid: u32) {
-        let containers: Vec<Arc<Container>> = self
-            .inner
-            .containers
-            .lock()
-            .unwrap()
-            .values()
-            .cloned()
-            .collect();
-        let lowest = containers
+        let lowest = self
+            .all_containers()
             .iter()
             .filter(|c| c.sandbox_id == sandbox_id)
             .filter(|c| c.state.lock().unwrap().init.status != Status::Stopped)
@@ -1105,6 +1104,7 @@ impl TaskService {
 
     pub fn shutdown(&self) {
         if self.inner.containers.lock().unwrap().is_empty() {
+            self.events().flush(Duration::from_secs(5));
             self.inner.exit.signal();
         }
     }

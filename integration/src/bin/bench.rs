@@ -23,7 +23,9 @@ use chalk_integration::{
         COUNTER,
     },
     containerd::program,
-    image, Containerd,
+    image,
+    procs::first_line,
+    Containerd,
 };
 
 struct Opts {
@@ -558,20 +560,6 @@ fn plot(out: &Path, points: &[PlotPoint], runsc: &str) -> Option<String> {
         .status()
         .is_ok_and(|s| s.success());
     ok.then(|| "memory.png".to_string())
-}
-
-fn first_line(bin: &Path, args: &[&str]) -> String {
-    Command::new(bin)
-        .args(args)
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap_or_else(|e| format!("{}: {e}", bin.display()))
 }
 
 /// CPU model and count, memory, kernel.

@@ -24,7 +24,7 @@ use std::{
 
 use chalk_integration::{
     containerd::{program, CRI_HANDLER},
-    image, Containerd,
+    image, procs, Containerd,
 };
 
 const REGISTRY: &str = "127.0.0.1:5599";
@@ -32,15 +32,50 @@ const STAGING: &str = "k8s-staging-cri-tools";
 const E2E: &str = "e2e-test-images";
 
 /// One stand-in image: its path in the registry, the image config's User and Cmd, and files
-/// to add.
+/// to add (Debian's static busybox lacks `pgrep` and `ipcs`, which critest runs: small
+/// scripts over /proc stand in for them in every image).
 struct StandIn {
     path: String,
     user: &'static str,
-    cmd: Vec<&'static str>,
+    cmd: Vec<String>,
     files: Vec<(&'static str, u32, &'static [u8])>,
 }
 
 const INDEX_HTML: &[u8] = b"<html><body>chalk stand-in web server</body></html>\n";
+const PGREP: &[u8] = br#"#!/bin/sh
+# pgrep stand-in: pids whose name (or, with -f, command line) contains the pattern.
+full=; [ "$1" = -f ] && { full=1; shift; }
+status=1
+for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    [ "$pid" = "$$" ] && continue
+    if [ -n "$full" ]; then line=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null); else line=$(cat "$d/comm" 2>/dev/null); fi
+    case "$line" in *"$1"*) echo "$pid"; status=0 ;; esac
+done
+exit $status
+"#;
+const IPCS: &[u8] = br#"#!/bin/sh
+# ipcs -m stand-in: the System V shared memory segments, from /proc/sysvipc/shm.
+echo "------ Shared Memory Segments --------"
+echo "key        shmid      owner      perms      bytes      nattch"
+tail -n +2 /proc/sysvipc/shm 2>/dev/null | while read -r key shmid perms size cpid lpid nattch uid rest; do
+    echo "$key $shmid $uid $perms $size $nattch"
+done
+"#;
+/// A stand-in web server: busybox httpd, saying what it stands for in its log and (for
+/// nginx) in its command line, where critest looks for them.
+fn web_cmd(what: &str, port: &str) -> Vec<String> {
+    let root = if what == "nginx" {
+        "/www/nginx: master process"
+    } else {
+        "/www"
+    };
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("echo '{what} stand-in (busybox httpd) on port {port}'; exec /bin/httpd -f -p {port} -h '{root}'"),
+    ]
+}
 /// For the predefined-group image: a user 1000 in a group 50000 that only the image defines.
 const PREDEFINED_PASSWD: &[u8] =
     b"root:x:0:0:root:/root:/bin/sh\ndefault-user:x:1000:1000::/home/default-user:/bin/sh\n";
@@ -48,30 +83,38 @@ const PREDEFINED_GROUP: &[u8] =
     b"root:x:0:\ndefault-user:x:1000:\ngroup-defined-in-image:x:50000:default-user\n";
 
 fn stand_ins() -> Vec<StandIn> {
+    let sh = || vec!["/bin/sh".to_string()];
     let plain = |path: String| StandIn {
         path,
         user: "",
-        cmd: vec!["/bin/sh"],
+        cmd: sh(),
         files: vec![],
     };
-    let web = |path: String, port: &'static str| StandIn {
+    let web = |path: String, what: &str, port: &str| StandIn {
         path,
         user: "",
-        cmd: vec!["/bin/httpd", "-f", "-p", port, "-h", "/www"],
-        files: vec![("www/index.html", 0o644, INDEX_HTML)],
+        cmd: web_cmd(what, port),
+        files: vec![
+            ("www/index.html", 0o644, INDEX_HTML),
+            ("www/nginx: master process/index.html", 0o644, INDEX_HTML),
+        ],
     };
     let user = |name: &str, user: &'static str| StandIn {
         path: format!("{STAGING}/{name}:latest"),
         user,
-        cmd: vec!["/bin/sh"],
+        cmd: sh(),
         files: vec![],
     };
     let mut all = vec![
         plain(format!("{E2E}/busybox:1.29-2")),
         plain(format!("{E2E}/busybox:latest")),
-        web(format!("{E2E}/nginx:1.14-2"), "80"),
-        web(format!("{E2E}/httpd:2.4.39-4"), "80"),
-        web(format!("{STAGING}/hostnet-nginx-amd64:latest"), "12003"),
+        web(format!("{E2E}/nginx:1.14-2"), "nginx", "80"),
+        web(format!("{E2E}/httpd:2.4.39-4"), "httpd", "80"),
+        web(
+            format!("{STAGING}/hostnet-nginx-amd64:latest"),
+            "nginx",
+            "12003",
+        ),
         user("test-image-user-uid", "1002"),
         user("test-image-user-username", "www-data"),
         user("test-image-user-uid-group", "1003:1003"),
@@ -79,7 +122,7 @@ fn stand_ins() -> Vec<StandIn> {
         StandIn {
             path: format!("{STAGING}/test-image-predefined-group:latest"),
             user: "1000",
-            cmd: vec!["/bin/sh"],
+            cmd: sh(),
             files: vec![
                 ("etc/passwd", 0o644, PREDEFINED_PASSWD),
                 ("etc/group", 0o644, PREDEFINED_GROUP),
@@ -101,7 +144,7 @@ fn stand_ins() -> Vec<StandIn> {
         all.push(StandIn {
             path: format!("{STAGING}/test-image-{i}:latest"),
             user: "",
-            cmd: vec!["/bin/sh"],
+            cmd: sh(),
             files: vec![("image-number", 0o644, marker)],
         });
     }
@@ -156,13 +199,24 @@ fn fill_registry() -> Result<(), String> {
     let c = Containerd::start().map_err(|e| e.to_string())?;
     let busybox = program("CHALK_BUSYBOX", "/bin/busybox");
     for s in stand_ins() {
-        let layer = image::busybox_layer_with(&busybox, &s.files).map_err(|e| e.to_string())?;
+        let mut files = s.files.clone();
+        files.push(("bin/pgrep", 0o755, PGREP));
+        files.push(("bin/ipcs", 0o755, IPCS));
+        let layer = image::busybox_layer_with(&busybox, &files).map_err(|e| e.to_string())?;
         let mut config = serde_json::json!({
             "Env": ["PATH=/bin:/sbin:/usr/bin"], "Cmd": s.cmd, "WorkingDir": "/"
         });
         if !s.user.is_empty() {
             config["User"] = s.user.into();
         }
+        // One image per name (critest counts an image's tags), but the three tags critest
+        // wants to be one image are one.
+        let identity = if s.path.contains("/test-image-tags:") {
+            "test-image-tags".to_string()
+        } else {
+            s.path.clone()
+        };
+        config["Labels"] = serde_json::json!({ "chalk.stand-in": identity });
         let name = format!("{REGISTRY}/{}", s.path);
         let archive =
             image::oci_archive_configured(&layer, &name, config).map_err(|e| e.to_string())?;
@@ -290,8 +344,8 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
         "critest {} ({}), containerd {}, runsc {}, handler `{CRI_HANDLER}`; {:.0?}\n",
         critest.display(),
         focus.unwrap_or("all specs"),
-        version(&program("CHALK_CONTAINERD", "containerd"), "--version"),
-        version(&program("CHALK_RUNSC", "runsc"), "--version"),
+        procs::first_line(&program("CHALK_CONTAINERD", "containerd"), &["--version"]),
+        procs::first_line(&program("CHALK_RUNSC", "runsc"), &["--version"]),
         started.elapsed()
     );
     let _ = writeln!(
@@ -325,19 +379,4 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
     );
     drop(c);
     Ok(())
-}
-
-fn version(binary: &Path, flag: &str) -> String {
-    Command::new(binary)
-        .arg(flag)
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
-        .unwrap_or_default()
 }

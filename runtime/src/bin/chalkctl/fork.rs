@@ -269,23 +269,9 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
         serde_json::from_slice(&p.spec.value).map_err(|e| format!("the snapshot's spec: {e}"))?;
     let pod = (!p.members.is_empty()).then_some((p.source.as_str(), id));
     chalk_runtime::spec::fork_spec(&mut spec, &p.source, id, pod);
-    let container = Container {
-        id: id.to_string(),
-        labels: HashMap::from([(FORKED_FROM.to_string(), snapshot.to_string())]),
-        // Pinned by digest: the restore checks this digest, whatever the tag says now.
-        image: format!("{}@{}", p.image, p.base.digest),
-        runtime: Some(Runtime {
-            name: RUNTIME.into(),
-            options: None,
-        }),
-        spec: Some(prost_types::Any {
-            type_url: p.spec.type_url.clone(),
-            value: serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
-        }),
-        snapshotter: p.snapshotter.clone(),
-        snapshot_key: id.to_string(),
-        ..Default::default()
-    };
+    // Pinned by digest: the restore checks this digest, whatever the tag says now.
+    let image = format!("{}@{}", p.image, p.base.digest);
+    let container = fork_container(p, id, image, &spec, snapshot)?;
     client.create_container(container.clone())?;
     let pid = client.start_task(&container, Some(&p.checkpoint))?;
     // The sandbox waits for its pod's containers: starting each restores it into the
@@ -352,24 +338,37 @@ fn member(
     made.push(id.clone());
     let mut spec = m.spec.clone();
     chalk_runtime::spec::fork_spec(&mut spec, &m.id, &id, Some((&p.source, pod)));
-    let container = Container {
-        id: id.clone(),
+    let image = format!("{}@{}", m.image, target.digest);
+    let container = fork_container(p, &id, image, &spec, snapshot)?;
+    client.create_container(container.clone())?;
+    client.start_task(&container, None).map(drop)
+}
+
+/// The container record of fork container `id`: this runtime, `spec`, `image` (by digest),
+/// its own root filesystem snapshot, labelled with the snapshot it came from.
+fn fork_container(
+    p: &Parts,
+    id: &str,
+    image: String,
+    spec: &Value,
+    snapshot: &str,
+) -> Result<Container> {
+    Ok(Container {
+        id: id.to_string(),
         labels: HashMap::from([(FORKED_FROM.to_string(), snapshot.to_string())]),
-        image: format!("{}@{}", m.image, target.digest),
+        image,
         runtime: Some(Runtime {
             name: RUNTIME.into(),
             options: None,
         }),
         spec: Some(prost_types::Any {
             type_url: p.spec.type_url.clone(),
-            value: serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
+            value: serde_json::to_vec(spec).map_err(|e| e.to_string())?,
         }),
         snapshotter: p.snapshotter.clone(),
-        snapshot_key: id.clone(),
+        snapshot_key: id.to_string(),
         ..Default::default()
-    };
-    client.create_container(container.clone())?;
-    client.start_task(&container, None).map(drop)
+    })
 }
 
 /// Brings suspended sandbox `id` back under the same id from the snapshot it records.
