@@ -50,6 +50,18 @@ end="# END chalk-shim runtime"
 record=$state/installed
 
 say() { echo "install.sh: $*"; }
+
+# The options to install: pods get their CNI network through runsc's "sandbox" network, which
+# Debian 12's 2022 runsc refuses on current kernels; a runsc from 2024 on (its checkpoint has
+# --save-restore-exec-argv) gets it, others keep "none" (loopback only).
+options_text() {
+    if runsc help checkpoint 2>&1 | grep -q -- 'save-restore-exec-argv'; then
+        echo "install.sh: $(command -v runsc) is recent: pods get their CNI network (network = \"sandbox\")" >&2
+        sed 's/^network = "none"$/network = "sandbox"/' "$here/chalk.toml"
+    else
+        cat "$here/chalk.toml"
+    fi
+}
 run() { if $dry; then echo "would: $*"; else "$@"; fi; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -173,7 +185,7 @@ if ! $config_only; then
     if [ -f "$options" ]; then
         say "kept $options (already there)"
     else
-        put "$options" 0644 < "$here/chalk.toml"
+        options_text | put "$options" 0644
         recorded+=("$options")
     fi
 fi

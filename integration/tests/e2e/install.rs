@@ -13,19 +13,24 @@ fn installer() -> PathBuf {
 
 /// Runs the installer with every path under `dir`, containerd (for the config version) first
 /// on PATH.
+/// The PATH the installer runs with: the cell's containerd and runsc first, as on a node.
+fn installer_path() -> String {
+    let dir_of = |p: std::path::PathBuf| {
+        p.parent()
+            .map(|p| p.display().to_string())
+            .filter(|p| !p.is_empty())
+    };
+    let mut dirs: Vec<String> = Vec::new();
+    dirs.extend(dir_of(program("CHALK_CONTAINERD", "containerd")));
+    dirs.extend(dir_of(program("CHALK_RUNSC", "runsc")));
+    dirs.push(std::env::var("PATH").unwrap_or_default());
+    dirs.join(":")
+}
+
 fn install(dir: &Path, extra: &[&str]) -> CtrOutput {
     let from = shim_binary().expect("shim built");
     let from = from.parent().expect("bin dir");
-    let containerd = program("CHALK_CONTAINERD", "containerd");
-    let path = format!(
-        "{}:{}",
-        containerd
-            .parent()
-            .map(|p| p.display().to_string())
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| "/usr/bin".into()),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = installer_path();
     Command::new("bash")
         .arg(installer())
         .arg("--from")
@@ -103,6 +108,26 @@ pub fn installer_registers_the_runtime_and_uninstalls_exactly(_e: &Env) -> TestR
         ensure!(d.join("bin").join(b).exists(), "{b} not installed");
     }
     ensure!(d.join("chalk.toml").exists(), "options not installed");
+    // Pods get their CNI network where the runsc on the node can give it.
+    let help = Command::new("runsc")
+        .args(["help", "checkpoint"])
+        .env("PATH", installer_path())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let recent = [help.stdout, help.stderr]
+        .iter()
+        .any(|o| String::from_utf8_lossy(o).contains("save-restore-exec-argv"));
+    let options = std::fs::read_to_string(d.join("chalk.toml")).unwrap_or_default();
+    let want = if recent {
+        "network = \"sandbox\""
+    } else {
+        "network = \"none\""
+    };
+    ensure!(
+        options.lines().any(|l| l == want),
+        "runsc on PATH is {}recent, so the options should say {want}: {options}",
+        if recent { "" } else { "not " }
+    );
     // containerd reads the runtime, pointing at the options file.
     let text = dump(&config)?;
     let options = d.join("chalk.toml").display().to_string();

@@ -31,6 +31,11 @@ if [ -e "$host/etc/containerd/chalk.toml" ]; then
     say "kept /etc/containerd/chalk.toml"
 else
     copy "$src/chalk.toml" "$host/etc/containerd/chalk.toml" 0644
+    # As install.sh: with a node runsc from 2024 on, pods get their CNI network.
+    if chroot "$host" runsc help checkpoint 2>&1 | grep -q save-restore-exec-argv; then
+        sed -i 's/^network = "none"$/network = "sandbox"/' "$host/etc/containerd/chalk.toml"
+        say "network = \"sandbox\": pods get their CNI network"
+    fi
 fi
 if [ "${REGISTER_RUNTIME:-true}" = true ]; then
     chroot "$host" /usr/local/share/chalk-shim/install.sh --config-only
