@@ -55,7 +55,7 @@ say() { echo "install.sh: $*"; }
 # Debian 12's 2022 runsc refuses on current kernels; a runsc from 2024 on (its checkpoint has
 # --save-restore-exec-argv) gets it, others keep "none" (loopback only).
 options_text() {
-    if runsc help checkpoint 2>&1 | grep -q -- 'save-restore-exec-argv'; then
+    if grep -q -- 'save-restore-exec-argv' <<<"$(runsc help checkpoint 2>&1)"; then
         echo "install.sh: $(command -v runsc) is recent: pods get their CNI network (network = \"sandbox\")" >&2
         sed 's/^network = "none"$/network = "sandbox"/' "$here/chalk.toml"
     else

@@ -60,12 +60,36 @@ pub fn workload_oom_score_adj(spec: &Value) -> Option<i32> {
         .and_then(|v| i32::try_from(v).ok())
 }
 
-/// The indexes of the bind mounts in `spec` whose source belongs to pod `pod` (its path names
-/// the pod's id, as containerd's per-pod files do): what a fork of the pod must not share.
+/// CRI's annotation with the pod's uid (the kubelet keys its per-pod files by it).
+pub const CRI_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+
+/// Whether bind-mount `source` is one of pod `pod`'s own files: containerd's per-pod
+/// directory (`…/sandboxes/<pod>/…`), the kubelet's (`…/pods/<uid>/…`, but not its volumes,
+/// which stay outside a snapshot), or a copy an earlier fork made (`…/private-mounts/…`).
+fn is_pod_file(source: &str, pod: &str, uid: Option<&str>) -> bool {
+    let parts: Vec<&str> = source.split('/').filter(|p| !p.is_empty()).collect();
+    let after = |dir: &str, id: &str| {
+        parts
+            .windows(2)
+            .position(|w| w[0] == dir && w[1] == id)
+            .map(|i| parts.get(i + 2).copied())
+    };
+    if after("sandboxes", pod).is_some() || parts.contains(&"private-mounts") {
+        return true;
+    }
+    match uid.and_then(|uid| after("pods", uid)) {
+        Some(next) => !matches!(next, Some("volumes" | "volume-subpaths" | "plugins")),
+        None => false,
+    }
+}
+
+/// The indexes of the bind mounts in `spec` that are pod `pod`'s own files (see
+/// [`is_pod_file`]; the pod's uid comes from the spec): what a fork of the pod must not share.
 pub fn pod_private_mounts(spec: &Value, pod: &str) -> Vec<usize> {
     if crate::ids::container_id(pod).is_err() {
         return Vec::new();
     }
+    let uid = annotation(spec, CRI_SANDBOX_UID).filter(|u| crate::ids::container_id(u).is_ok());
     let mounts = spec.get("mounts").and_then(Value::as_array);
     mounts
         .into_iter()
@@ -76,10 +100,7 @@ pub fn pod_private_mounts(spec: &Value, pod: &str) -> Vec<usize> {
                 || strings(&m["options"])
                     .iter()
                     .any(|o| o == "bind" || o == "rbind");
-            let source = m["source"].as_str().unwrap_or("");
-            bind && std::path::Path::new(source)
-                .components()
-                .any(|c| c.as_os_str() == pod)
+            bind && is_pod_file(m["source"].as_str().unwrap_or(""), pod, uid)
         })
         .map(|(i, _)| i)
         .collect()
@@ -91,8 +112,8 @@ pub fn pod_private_mounts(spec: &Value, pod: &str) -> Vec<usize> {
 /// source pod's files.
 pub fn fork_spec(spec: &mut Value, old_id: &str, new_id: &str, pod: Option<(&str, &str)>) {
     if let Some(path) = spec.pointer_mut("/linux/cgroupsPath") {
-        if let Some(p) = path.as_str().filter(|p| p.contains(old_id)) {
-            *path = Value::String(p.replace(old_id, new_id));
+        if let Some(p) = path.as_str().map(str::to_string) {
+            *path = Value::String(fork_cgroup(&p, old_id, new_id, pod.map(|(_, new)| new)));
         }
     }
     if let Some(namespaces) = spec
@@ -121,6 +142,18 @@ pub fn fork_spec(spec: &mut Value, old_id: &str, new_id: &str, pod: Option<(&str
             a.insert(CRI_SANDBOX_ID.into(), new_pod.into());
             a.insert(PRIVATE_MOUNTS_OF.into(), old_pod.into());
         }
+    }
+}
+
+/// A fork's cgroup path. A pod's fork leaves the pod's cgroup (its limits are the source's,
+/// and the kubelet kills what is left in it when the source pod goes): it gets one of its own
+/// under `chalk-forks`, in the path's style (cgroupfs `/a/b`, or systemd `slice:prefix:name`).
+/// Any other fork takes the source's path with its id in place of the source's.
+fn fork_cgroup(path: &str, old_id: &str, new_id: &str, new_pod: Option<&str>) -> String {
+    match new_pod {
+        Some(pod) if path.contains(':') => format!("chalk-forks.slice:chalk-{pod}:{new_id}"),
+        Some(pod) => format!("/chalk-forks/{pod}/{new_id}"),
+        None => path.replace(old_id, new_id),
     }
 }
 
@@ -175,7 +208,6 @@ mod tests {
     fn a_fork_owns_its_cgroup_network_and_pod_files() {
         let old = "a".repeat(64);
         let mut spec = json!({
-            "annotations": {CRI_SANDBOX_ID: old, CRI_CONTAINER_TYPE: "container"},
             "linux": {
                 "cgroupsPath": "/kubepods/pod1/c1",
                 "namespaces": [
@@ -188,23 +220,34 @@ mod tests {
             "mounts": [
                 {"destination": "/etc/hosts", "type": "bind", "source": format!("/var/lib/cri/sandboxes/{old}/hosts")},
                 {"destination": "/data", "type": "bind", "source": "/srv/data"},
-                {"destination": "/dev/shm", "type": "none", "options": ["rbind"], "source": format!("/run/cri/{old}/shm")},
-                {"destination": "/proc", "type": "proc", "source": "proc"}
-            ]
+                {"destination": "/dev/shm", "type": "none", "options": ["rbind"], "source": format!("/run/cri/sandboxes/{old}/shm")},
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev/termination-log", "type": "bind", "source": "/var/lib/kubelet/pods/u1/containers/web/0"},
+                {"destination": "/cache", "type": "bind", "source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache"},
+                {"destination": "/etc/resolv.conf", "type": "bind", "source": "/run/ctd/task/web-f1/private-mounts/3"},
+                {"destination": "/named", "type": "bind", "source": format!("/srv/{old}/x")}
+            ],
+            "annotations": {CRI_SANDBOX_ID: old, CRI_CONTAINER_TYPE: "container", CRI_SANDBOX_UID: "u1"}
         });
-        assert_eq!(pod_private_mounts(&spec, &old), [0, 2]);
+        // Containerd's and the kubelet's per-pod files and an earlier fork's copies; not
+        // volumes, nor a path that merely names the pod.
+        assert_eq!(pod_private_mounts(&spec, &old), [0, 2, 4, 6]);
         assert!(pod_private_mounts(&spec, "../x").is_empty());
         fork_spec(&mut spec, "c1", "f-c1", Some((&old, "f")));
-        assert_eq!(spec["linux"]["cgroupsPath"], "/kubepods/pod1/f-c1");
+        assert_eq!(spec["linux"]["cgroupsPath"], "/chalk-forks/f/f-c1");
         assert_eq!(
             spec["linux"]["namespaces"],
             json!([{"type": "network"}, {"type": "ipc"}, {"type": "mount"}])
         );
         assert_eq!(spec["annotations"][CRI_SANDBOX_ID], "f");
         assert_eq!(spec["annotations"][PRIVATE_MOUNTS_OF], old.as_str());
-        let mut plain = json!({"linux": {"cgroupsPath": "/other"}});
+        let mut plain = json!({"linux": {"cgroupsPath": "/ns/c1"}});
         fork_spec(&mut plain, "c1", "f", None);
-        assert_eq!(plain, json!({"linux": {"cgroupsPath": "/other"}}));
+        assert_eq!(plain, json!({"linux": {"cgroupsPath": "/ns/f"}}));
+        assert_eq!(
+            fork_cgroup("kubepods.slice:cri-containerd:c1", "c1", "f-c1", Some("f")),
+            "chalk-forks.slice:chalk-f:f-c1"
+        );
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! A fork of a pod gets copies of the files its source pod had bind-mounted from containerd's
-//! per-pod directories (hosts, hostname, resolv.conf, shm): shared, a fork could write into
-//! its source's files, and would fail once the source is removed.
+//! and the kubelet's per-pod directories (hosts, hostname, resolv.conf, termination log) and a
+//! fresh, empty directory for each of its per-pod directories (shm): shared, a fork could
+//! write into its source's files, and would fail once the source is removed. The sources are
+//! opened without following links and copied only when they are small regular files: a pod
+//! can name these paths (its annotations reach the spec), never make the shim read others.
 
 use std::{
-    fs, io,
+    fs,
+    io::{self, Read},
     os::unix::fs::{DirBuilderExt, PermissionsExt},
     path::{Path, PathBuf},
 };
@@ -49,28 +53,41 @@ pub fn make_private(spec: &mut Value, bundle: &Path) -> io::Result<usize> {
     Ok(indexes.len())
 }
 
-/// Copies a file, or a directory with what is in it, keeping modes; symlinks stay links.
+/// The most a pod's own file may hold (hosts, resolv.conf and the like are a few lines).
+const MAX_FILE: u64 = 1 << 20;
+
+/// Copies regular file `from` (not through a link, at most [`MAX_FILE`]), or makes an empty
+/// directory for directory `from`, with its mode and owner.
 fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let refuse = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, why.to_string());
     let meta = fs::symlink_metadata(from)?;
-    if meta.file_type().is_symlink() {
-        return std::os::unix::fs::symlink(fs::read_link(from)?, to);
-    }
     if meta.is_dir() {
-        fs::DirBuilder::new()
-            .mode(meta.permissions().mode())
-            .create(to)?;
-        for entry in fs::read_dir(from)? {
-            let entry = entry?;
-            copy_tree(&entry.path(), &to.join(entry.file_name()))?;
+        fs::DirBuilder::new().mode(0o700).create(to)?;
+    } else {
+        // O_NOFOLLOW and the checks on what was opened: a link swapped in after the check
+        // above is refused, not followed.
+        let mut src = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(from)?;
+        let opened = src.metadata()?;
+        if !opened.is_file() {
+            return Err(refuse("not a regular file"));
         }
-        return Ok(());
+        if opened.len() > MAX_FILE {
+            return Err(refuse("larger than a pod's own file can be (1 MiB)"));
+        }
+        let mut dst = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(to)?;
+        io::copy(&mut Read::take(&mut src, MAX_FILE), &mut dst)?;
     }
-    if meta.is_file() {
-        fs::copy(from, to)?;
-        return fs::set_permissions(to, meta.permissions());
-    }
-    // Sockets, fifos, devices: nothing a pod's own files hold; leave them out.
-    Ok(())
+    // The source's mode (a 1777 shm directory stays one) and owner, whatever the umask.
+    std::os::unix::fs::lchown(to, Some(meta.uid()), Some(meta.gid()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))
 }
 
 #[cfg(test)]
@@ -82,10 +99,12 @@ mod tests {
     fn the_source_pods_files_are_copied_and_volumes_stay_shared() {
         let pod = "b".repeat(64);
         let host = tempfile::tempdir().unwrap();
-        let pod_dir = host.path().join(&pod);
+        let pod_dir = host.path().join("sandboxes").join(&pod);
         fs::create_dir_all(pod_dir.join("shm")).unwrap();
+        fs::set_permissions(pod_dir.join("shm"), fs::Permissions::from_mode(0o1777)).unwrap();
         fs::write(pod_dir.join("hosts"), "127.0.0.1 source\n").unwrap();
         fs::write(pod_dir.join("shm").join("seg"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", pod_dir.join("sneaky")).unwrap();
         let bundle = tempfile::tempdir().unwrap();
         let mut spec = json!({
             "annotations": {PRIVATE_MOUNTS_OF: pod},
@@ -105,9 +124,21 @@ mod tests {
             "127.0.0.1 source\n",
             "the source's file is untouched"
         );
+        // A directory starts empty for the fork, with the source's mode.
         let shm = Path::new(spec["mounts"][1]["source"].as_str().unwrap());
-        assert_eq!(fs::read_to_string(shm.join("seg")).unwrap(), "x");
+        assert_eq!(fs::read_dir(shm).unwrap().count(), 0);
+        assert_eq!(
+            fs::metadata(shm).unwrap().permissions().mode() & 0o7777,
+            0o1777
+        );
         assert_eq!(spec["mounts"][2]["source"], json!(host.path()));
+        // A link is never followed.
+        let mut linked = json!({
+            "annotations": {PRIVATE_MOUNTS_OF: pod},
+            "mounts": [{"destination": "/x", "type": "bind", "source": pod_dir.join("sneaky")}]
+        });
+        let other = tempfile::tempdir().unwrap();
+        assert!(make_private(&mut linked, other.path()).is_err());
         let mut plain = json!({"mounts": []});
         assert_eq!(make_private(&mut plain, bundle.path()).unwrap(), 0);
     }

@@ -90,6 +90,22 @@ impl TaskService {
         } else {
             self.snapshot(&c, &dir)
         };
+        // A pod container started or ended meanwhile: the checkpoint and the list disagree.
+        let ids = |ms: &[Arc<Container>]| ms.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+        let outcome = outcome.and_then(|()| {
+            let now = self.pod_members(&c.id);
+            let (mut before, mut after) = (ids(&members), ids(&now));
+            before.sort();
+            after.sort();
+            if before != after {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {}: the pod's containers changed during the checkpoint \
+                     ({before:?}, then {after:?}); take it again",
+                    c.id
+                )));
+            }
+            Ok(())
+        });
         if let Err(e) = outcome {
             empty_dir(&dir);
             if !want.exit {
@@ -455,6 +471,12 @@ fn pod_facts(members: &[Arc<Container>]) -> serde_json::Value {
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .unwrap_or_default();
             let annotation = |k: &str| spec["annotations"][k].as_str().unwrap_or("").to_string();
+            // The shim took the OOM score out of what runsc sees; the fork asks for it again.
+            let mut spec = spec.clone();
+            if let (Some(score), Some(process)) = (m.oom_score_adj, spec["process"].as_object_mut())
+            {
+                process.insert("oomScoreAdj".into(), score.into());
+            }
             // The spec as runsc saw it: a fork recreates the container from it.
             serde_json::json!({
                 "id": m.id,

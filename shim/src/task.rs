@@ -416,13 +416,22 @@ impl TaskService {
         map.values().cloned().collect()
     }
 
-    /// The containers of pod sandbox `sandbox_id` other than its sandbox container that have
-    /// not stopped.
+    /// Whether the sandbox pod container `c` lives in still runs.
+    fn sandbox_runs(&self, c: &Container) -> bool {
+        self.container(&c.sandbox_id)
+            .is_ok_and(|root| root.state.lock().unwrap().init.status != Status::Stopped)
+    }
+
+    /// The containers of pod sandbox `sandbox_id` other than its sandbox container that run
+    /// in it (created ones have nothing in the sandbox yet; stopped ones no longer do).
     pub(crate) fn pod_members(&self, sandbox_id: &str) -> Vec<Arc<Container>> {
         self.all_containers()
             .into_iter()
             .filter(|c| c.in_pod() && c.sandbox_id == sandbox_id)
-            .filter(|c| c.state.lock().unwrap().init.status != Status::Stopped)
+            .filter(|c| {
+                let status = c.state.lock().unwrap().init.status;
+                matches!(status, Status::Running | Status::Paused)
+            })
             .collect()
     }
 
@@ -727,17 +736,17 @@ impl TaskService {
         if let Some(pio) = pio {
             init.io = pio;
         }
-        self.pod_member_restored(c)?;
-        let (this, c) = (self.clone(), c.clone());
+        // Watched before anything else can fail: whatever happens next, its exit is known.
+        let (this, member) = (self.clone(), c.clone());
         std::thread::spawn(move || {
-            let status = c.runsc.wait(&c.id).unwrap_or_else(|e| {
+            let status = member.runsc.wait(&member.id).unwrap_or_else(|e| {
                 // The sandbox went (the pod was killed): so did the container, by SIGKILL.
-                log::warn!("container {}: {e}; it ended with its sandbox", c.id);
+                log::warn!("container {}: {e}; it ended with its sandbox", member.id);
                 128 + libc::SIGKILL
             });
-            this.process_exited(&c.id, "", status);
+            this.process_exited(&member.id, "", status);
         });
-        Ok(())
+        self.pod_member_restored(c)
     }
 
     // ---- exec -----------------------------------------------------------------------------
@@ -934,9 +943,13 @@ impl TaskService {
             Status::Stopped => return Err(finished()),
             Status::Created if req.exec_id.is_empty() && (pid == 0 || c.in_pod()) => {
                 // A restore that has not started, or a pod container that has not: there is
-                // no process to signal yet (a pod container's pid is its sandbox's).
-                self.process_exited(&req.id, "", 128 + req.signal as i32);
-                return Ok(());
+                // no process to signal yet (a pod container's pid is its sandbox's). Decided
+                // under the lock Start holds, so a Start in between is seen.
+                let mut st = c.state.lock().unwrap();
+                if st.init.status == Status::Created {
+                    self.record_exit(&req.id, &mut st.init, 128 + req.signal as i32);
+                    return Ok(());
+                }
             }
             Status::Created if req.exec_id.is_empty() => {
                 // Not started yet: runsc cannot signal it, but the sandbox process is ours.
@@ -1054,7 +1067,7 @@ impl TaskService {
             match c.runsc.delete(id, true) {
                 Ok(()) => {}
                 // A stopped pod container whose sandbox is gone has nothing left to delete.
-                Err(e) if c.in_pod() && cell.get().is_some() => {
+                Err(e) if c.in_pod() && cell.get().is_some() && !self.sandbox_runs(&c) => {
                     log::warn!("container {id}: {e}; its sandbox is gone with it")
                 }
                 Err(e) => return Err(e.into()),

@@ -32,10 +32,11 @@ if [ -e "$host/etc/containerd/chalk.toml" ]; then
 else
     copy "$src/chalk.toml" "$host/etc/containerd/chalk.toml" 0644
     # As install.sh: with a node runsc from 2024 on, pods get their CNI network.
-    if chroot "$host" runsc help checkpoint 2>&1 | grep -q save-restore-exec-argv; then
-        sed -i 's/^network = "none"$/network = "sandbox"/' "$host/etc/containerd/chalk.toml"
-        say "network = \"sandbox\": pods get their CNI network"
-    fi
+    case "$(chroot "$host" runsc help checkpoint 2>&1)" in
+        *save-restore-exec-argv*)
+            sed -i 's/^network = "none"$/network = "sandbox"/' "$host/etc/containerd/chalk.toml"
+            say "network = \"sandbox\": pods get their CNI network" ;;
+    esac
 fi
 if [ "${REGISTER_RUNTIME:-true}" = true ]; then
     chroot "$host" /usr/local/share/chalk-shim/install.sh --config-only

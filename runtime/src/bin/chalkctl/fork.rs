@@ -267,7 +267,9 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
     client.prepare_snapshot(&p.snapshotter, id, &p.chain_id)?;
     let mut spec: Value =
         serde_json::from_slice(&p.spec.value).map_err(|e| format!("the snapshot's spec: {e}"))?;
-    let pod = (!p.members.is_empty()).then_some((p.source.as_str(), id));
+    // A pod's sandbox container (with or without other containers) becomes a pod of its own.
+    let is_pod = spec["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID].is_string();
+    let pod = is_pod.then_some((p.source.as_str(), id));
     chalk_runtime::spec::fork_spec(&mut spec, &p.source, id, pod);
     // Pinned by digest: the restore checks this digest, whatever the tag says now.
     let image = format!("{}@{}", p.image, p.base.digest);
