@@ -1058,10 +1058,10 @@ impl TaskService {
             return Ok((p.pid, exit));
         }
 
-        let (pid, cell) = {
+        let (pid, cell, status) = {
             let st = c.state.lock().unwrap();
             state::check_deletable(id, st.init.status)?;
-            (st.init.pid, st.init.exit.clone())
+            (st.init.pid, st.init.exit.clone(), st.init.status)
         };
         if pid > 0 {
             match c.runsc.delete(id, true) {
@@ -1071,6 +1071,13 @@ impl TaskService {
                     log::warn!("container {id}: {e}; its sandbox is gone with it")
                 }
                 Err(e) => return Err(e.into()),
+            }
+            if c.in_pod() && status == Status::Created {
+                // Never started: no watcher will report an exit (its pid is the sandbox's).
+                cell.set(ExitInfo {
+                    status: 137,
+                    at: SystemTime::now(),
+                });
             }
         } else {
             // A restore that never started has no sandbox and no exit to wait for.
