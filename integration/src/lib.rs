@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod cri;
 pub mod image;
 pub mod procs;
+pub mod registry;
 
 pub use containerd::{Containerd, CtrOutput};
 

@@ -35,6 +35,10 @@ pub enum Placement {
 }
 
 impl Placement {
+    pub fn in_pod(&self) -> bool {
+        matches!(self, Placement::InPod { .. })
+    }
+
     pub fn of(spec: &Value) -> Result<Placement, String> {
         if annotation(spec, CRI_CONTAINER_TYPE) != Some("container") {
             return Ok(Placement::OwnSandbox);
@@ -58,6 +62,14 @@ pub fn workload_oom_score_adj(spec: &Value) -> Option<i32> {
     spec.pointer("/process/oomScoreAdj")?
         .as_i64()
         .and_then(|v| i32::try_from(v).ok())
+}
+
+/// Whether OCI mount `m` is a bind mount (by its type, or `bind`/`rbind` in its options).
+pub fn is_bind_mount(m: &Value) -> bool {
+    m["type"] == "bind"
+        || strings(&m["options"])
+            .iter()
+            .any(|o| o == "bind" || o == "rbind")
 }
 
 /// CRI's annotation with the pod's uid (the kubelet keys its per-pod files by it).
@@ -96,11 +108,7 @@ pub fn pod_private_mounts(spec: &Value, pod: &str) -> Vec<usize> {
         .flatten()
         .enumerate()
         .filter(|(_, m)| {
-            let bind = m["type"] == "bind"
-                || strings(&m["options"])
-                    .iter()
-                    .any(|o| o == "bind" || o == "rbind");
-            bind && is_pod_file(m["source"].as_str().unwrap_or(""), pod, uid)
+            is_bind_mount(m) && is_pod_file(m["source"].as_str().unwrap_or(""), pod, uid)
         })
         .map(|(i, _)| i)
         .collect()

@@ -155,7 +155,7 @@ impl Container {
     /// A pod's container other than its sandbox container: no host process of its own (its
     /// pid is the sandbox's), and whatever it does to the sandbox it does to the whole pod.
     pub fn in_pod(&self) -> bool {
-        matches!(self.placement, Placement::InPod { .. })
+        self.placement.in_pod()
     }
 
     pub fn was_restored(&self) -> bool {

@@ -42,7 +42,7 @@ pub fn make_private(spec: &mut Value, bundle: &Path) -> io::Result<usize> {
         let mount = &mut spec["mounts"][*i];
         let source = PathBuf::from(mount["source"].as_str().unwrap_or_default());
         let copy = dir.join(i.to_string());
-        copy_tree(&source, &copy).map_err(|e| {
+        copy_own_file(&source, &copy).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("copy {} for the fork: {e}", source.display()),
@@ -58,7 +58,7 @@ const MAX_FILE: u64 = 1 << 20;
 
 /// Copies regular file `from` (not through a link, at most [`MAX_FILE`]), or makes an empty
 /// directory for directory `from`, with its mode and owner.
-fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+fn copy_own_file(from: &Path, to: &Path) -> io::Result<()> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let refuse = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, why.to_string());
     let meta = fs::symlink_metadata(from)?;

@@ -421,7 +421,7 @@ impl TaskService {
                 }
             }
         }
-        let pod_members = pod_container_names(&m.extra).map_or(0, |n| n.len());
+        let pod_members = pod_member_count(&m.extra);
         log::info!(
             "container {id}: snapshot {} ({} bytes) verified in {:?}",
             dir.display(),
@@ -466,44 +466,33 @@ fn pod_facts(members: &[Arc<Container>]) -> serde_json::Value {
     let containers: Vec<serde_json::Value> = members
         .iter()
         .map(|m| {
-            let spec = std::fs::read(m.bundle.join("config.json"))
+            let mut spec = std::fs::read(m.bundle.join("config.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .unwrap_or_default();
             let annotation = |k: &str| spec["annotations"][k].as_str().unwrap_or("").to_string();
+            let (name, image) = (
+                annotation("io.kubernetes.cri.container-name"),
+                annotation("io.kubernetes.cri.image-name"),
+            );
             // The shim took the OOM score out of what runsc sees; the fork asks for it again.
-            let mut spec = spec.clone();
             if let (Some(score), Some(process)) = (m.oom_score_adj, spec["process"].as_object_mut())
             {
                 process.insert("oomScoreAdj".into(), score.into());
             }
             // The spec as runsc saw it: a fork recreates the container from it.
-            serde_json::json!({
-                "id": m.id,
-                "name": annotation("io.kubernetes.cri.container-name"),
-                "image": annotation("io.kubernetes.cri.image-name"),
-                "spec": spec,
-            })
+            serde_json::json!({ "id": m.id, "name": name, "image": image, "spec": spec })
         })
         .collect();
     serde_json::json!({ "containers": containers })
 }
 
-/// The names (or ids) of the pod containers a manifest records; None when there are none.
-fn pod_container_names(
-    extra: &std::collections::BTreeMap<String, serde_json::Value>,
-) -> Option<Vec<String>> {
-    let names: Vec<String> = extra
-        .get(POD_MANIFEST_KEY)?
-        .get("containers")?
-        .as_array()?
-        .iter()
-        .map(|c| match c["name"].as_str() {
-            Some(n) if !n.is_empty() => n.to_string(),
-            _ => c["id"].as_str().unwrap_or("?").to_string(),
-        })
-        .collect();
-    (!names.is_empty()).then_some(names)
+/// How many pod containers a manifest records besides the sandbox's own.
+fn pod_member_count(extra: &std::collections::BTreeMap<String, serde_json::Value>) -> usize {
+    extra
+        .get(POD_MANIFEST_KEY)
+        .and_then(|p| p["containers"].as_array())
+        .map_or(0, Vec::len)
 }
 
 /// Runs `f` with the sandbox running: containerd pauses a task around Checkpoint, and what
@@ -599,12 +588,7 @@ fn excluded_mounts(spec: &serde_json::Value) -> Vec<ExcludedMount> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|m| {
-            m["type"].as_str() == Some("bind")
-                || m["options"]
-                    .as_array()
-                    .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
-        })
+        .filter(|m| chalk_runtime::spec::is_bind_mount(m))
         .map(|m| ExcludedMount {
             destination: m["destination"].as_str().unwrap_or_default().to_string(),
             source: m["source"].as_str().unwrap_or_default().to_string(),

@@ -290,8 +290,7 @@ impl TaskService {
 
         let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
         // A pod container lives in its sandbox's network, whatever its spec says.
-        let own_network = !matches!(placement, Placement::InPod { .. });
-        let netns = (own_network && netns::needs_private_netns(&spec, network))
+        let netns = (!placement.in_pod() && netns::needs_private_netns(&spec, network))
             .then(|| netns::netns_path(&opts.root, &self.inner.namespace, &req.id));
         let mut adapted = adapted_spec(&spec, netns.as_deref(), req.terminal);
         // A restore is verified before anything is made for it.

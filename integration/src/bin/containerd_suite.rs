@@ -15,11 +15,15 @@
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use chalk_integration::{containerd::IMAGE, Containerd};
+use chalk_integration::{
+    containerd::IMAGE,
+    registry::{self as image_registry, Guard},
+    Containerd,
+};
 
 /// The images the suite pulls (integration/images), all served as the busybox image.
 const SUITE_IMAGES: &[&str] = &[
@@ -50,31 +54,6 @@ fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn registry_config(dir: &Path, addr: &str, tls: bool) -> String {
-    let mut c = format!(
-        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-        dir.join("registry").display()
-    );
-    if tls {
-        let _ = write!(
-            c,
-            "  tls:\n    certificate: {}\n    key: {}\n",
-            dir.join("srv.crt").display(),
-            dir.join("srv.key").display()
-        );
-    }
-    c
-}
-
-/// A background process killed on drop.
-struct Guard(Child);
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A network namespace with its own /etc/hosts, removed on drop.
 struct Netns(String);
 impl Drop for Netns {
@@ -84,28 +63,10 @@ impl Drop for Netns {
     }
 }
 
-fn wait_for_port(addr: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(addr).is_err() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Fills a registry store with the busybox image under every suite image name.
 fn fill_registry(c: &Containerd, registry: &Path, dir: &Path) -> Result<(), String> {
     let addr = "127.0.0.1:5599";
-    std::fs::write(dir.join("plain.yml"), registry_config(dir, addr, false))
-        .map_err(|e| e.to_string())?;
-    let _reg = Guard(
-        Command::new(registry)
-            .arg("serve")
-            .arg(dir.join("plain.yml"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("start registry: {e}"))?,
-    );
-    wait_for_port(addr);
+    let _reg = image_registry::serve_plain(registry, dir, addr)?;
     for name in SUITE_IMAGES {
         let repo = name.split_once('/').map_or(*name, |(_, r)| r);
         let local = format!("{addr}/{repo}");
@@ -268,7 +229,7 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     std::fs::write(
         dir.join("tls.yml"),
-        registry_config(&dir, "127.0.0.1:443", true),
+        image_registry::config(&dir, "127.0.0.1:443", true),
     )
     .map_err(|e| e.to_string())?;
     let _tls = Guard(

@@ -18,13 +18,13 @@
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::Command,
+    time::Instant,
 };
 
 use chalk_integration::{
     containerd::{program, CRI_HANDLER},
-    image, procs, Containerd,
+    image, procs, registry, Containerd,
 };
 
 const REGISTRY: &str = "127.0.0.1:5599";
@@ -158,42 +158,6 @@ fn env_path(var: &str) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("{var} is not set: run `eval \"$(scripts/peers --cri)\"` first"))
 }
 
-/// A background process killed on drop.
-struct Guard(Child);
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_registry(binary: &Path, dir: &Path) -> Result<Guard, String> {
-    let config = dir.join("registry.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {REGISTRY}\n",
-            dir.join("store").display()
-        ),
-    )
-    .map_err(|e| e.to_string())?;
-    let child = Command::new(binary)
-        .arg("serve")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("start registry {}: {e}", binary.display()))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(REGISTRY).is_err() {
-        if Instant::now() > deadline {
-            return Err(format!("registry did not listen on {REGISTRY}"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(Guard(child))
-}
-
 /// Builds every stand-in with a plain private containerd and pushes it to the registry.
 fn fill_registry() -> Result<(), String> {
     let c = Containerd::start().map_err(|e| e.to_string())?;
@@ -291,7 +255,7 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
         .prefix("chalk-critest-")
         .tempdir_in("/tmp")
         .map_err(|e| e.to_string())?;
-    let _registry = start_registry(&registry, work.path())?;
+    let _registry = registry::serve_plain(&registry, work.path(), REGISTRY)?;
     fill_registry()?;
     let hosts = work.path().join("hosts");
     for upstream in ["registry.k8s.io", "gcr.io"] {

@@ -38,9 +38,9 @@ struct PodMember {
 /// What a snapshot's index holds for a restore.
 pub(crate) struct Parts {
     pub checkpoint: Descriptor,
-    /// The sandbox the snapshot was taken of (set by the caller, from its record).
+    /// What only a fork needs: the sandbox the snapshot was taken of (from its record) and
+    /// the other containers of its pod, recreated in each fork.
     source: String,
-    /// The other containers of its pod, recreated in each fork.
     members: Vec<PodMember>,
     spec: prost_types::Any,
     snapshotter: String,
@@ -96,7 +96,7 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
     Ok(Parts {
         chain_id: image_config(client, &base)?.1,
         source: String::new(),
-        members: pod_members(client, &checkpoint.digest)?,
+        members: Vec::new(),
         checkpoint,
         spec,
         snapshotter: note("io.containerd.checkpoint.snapshotter"),
@@ -215,6 +215,7 @@ pub fn fork(
     }
     let mut p = parts(client, &snap.digest)?;
     p.source = snap.sandbox_id.clone();
+    p.members = pod_members(client, &p.checkpoint.digest)?;
     progress.step(&format!(
         "snapshot {} of {} verified; forking {count}",
         short(&snap.digest),
@@ -330,18 +331,17 @@ fn member(
     snapshot: &str,
     made: &mut Vec<String>,
 ) -> Result<()> {
-    let id = id.to_string();
     let image = client.image(&m.image)?;
     let target = image
         .target
         .ok_or_else(|| format!("image {} has no target", m.image))?;
     let (_, chain_id) = image_config(client, &target)?;
-    client.prepare_snapshot(&p.snapshotter, &id, &chain_id)?;
-    made.push(id.clone());
+    client.prepare_snapshot(&p.snapshotter, id, &chain_id)?;
+    made.push(id.to_string());
     let mut spec = m.spec.clone();
-    chalk_runtime::spec::fork_spec(&mut spec, &m.id, &id, Some((&p.source, pod)));
+    chalk_runtime::spec::fork_spec(&mut spec, &m.id, id, Some((&p.source, pod)));
     let image = format!("{}@{}", m.image, target.digest);
-    let container = fork_container(p, &id, image, &spec, snapshot)?;
+    let container = fork_container(p, id, image, &spec, snapshot)?;
     client.create_container(container.clone())?;
     client.start_task(&container, None).map(drop)
 }
