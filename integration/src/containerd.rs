@@ -120,6 +120,51 @@ pub struct Containerd {
     daemon: Child,
     ctr: PathBuf,
     pub namespace: String,
+    started: std::time::SystemTime,
+}
+
+/// Starts containerd on the config in `d`, with the shim first on its PATH (and a containerd
+/// picked by CHALK_CONTAINERD finding its own shims, its runc shim, next), logging to
+/// `d/containerd.log`. Its temporary directory is the environment's, as for any containerd.
+fn spawn_daemon(d: &Path) -> io::Result<Child> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.join("containerd.log"))?;
+    let daemon_bin = program("CHALK_CONTAINERD", "containerd");
+    let own = daemon_bin
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| format!("{}:", d.display()))
+        .unwrap_or_default();
+    let path = format!(
+        "{}:{own}{}",
+        d.join("bin").display(),
+        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+    );
+    Command::new(daemon_bin)
+        .arg("--config")
+        .arg(d.join("config.toml"))
+        .env("PATH", path)
+        .env("CHALK_SHIM_CONFIG", d.join("chalk.toml"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+}
+
+/// The bytes of the files below `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => bytes_under(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 impl Containerd {
@@ -160,41 +205,51 @@ impl Containerd {
             register_with_installer(d)?;
         }
 
-        let log = fs::File::create(d.join("containerd.log"))?;
-        // A containerd picked by CHALK_CONTAINERD finds its own shims (its runc shim) first.
-        let daemon_bin = program("CHALK_CONTAINERD", "containerd");
-        let own = daemon_bin
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .map(|d| format!("{}:", d.display()))
-            .unwrap_or_default();
-        let path = format!(
-            "{}:{own}{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
-        );
-        // containerd unpacks every restored checkpoint into a temporary directory it never
-        // removes: keep those inside this instance's directory.
-        let tmp = d.join("tmp");
-        fs::create_dir_all(&tmp)?;
-        let daemon = Command::new(daemon_bin)
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .env("PATH", path)
-            .env("TMPDIR", &tmp)
-            .env("CHALK_SHIM_CONFIG", d.join("chalk.toml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
+        let daemon = spawn_daemon(d)?;
         let mut c = Containerd {
             dir,
             daemon,
             ctr: program("CHALK_CTR", "ctr"),
             namespace: if cri { CRI_NAMESPACE } else { "chalk-test" }.into(),
+            started: std::time::SystemTime::now(),
         };
         c.wait_ready(Duration::from_secs(30))?;
         Ok(c)
+    }
+
+    /// Stops the daemon (SIGKILL, as a crash would) and starts it again on the same root and
+    /// state: its shims and sandboxes carry on, and it reconnects to them.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill_daemon();
+        self.daemon = spawn_daemon(self.dir.path())?;
+        self.wait_ready(Duration::from_secs(30))
+    }
+
+    /// The directories containerd unpacked checkpoints into (`ctrd-checkpoint*` in its
+    /// temporary directory, the default one: this instance sets none) since it started, with
+    /// the bytes each still holds: what a restore left behind.
+    pub fn unpacked_checkpoints(&self) -> Vec<(PathBuf, u64)> {
+        let temp = std::env::var_os("XDG_RUNTIME_DIR")
+            .or_else(|| std::env::var_os("TMPDIR"))
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+        let since = self.started - Duration::from_secs(1);
+        fs::read_dir(&temp)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("ctrd-checkpoint")
+            })
+            .filter(|e| {
+                e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t >= since)
+            })
+            .map(|e| (e.path(), bytes_under(&e.path())))
+            .collect()
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> io::Result<()> {

@@ -327,7 +327,7 @@ fn pod_fork_restores_every_container(e: &Env) -> TestResult {
     let at_snapshot = e.counter(&web)?;
 
     let started = Instant::now();
-    let fork = e.chalkctl(&["fork", "--snapshot-id", &snapshot, "--id", "pf"]);
+    let fork = e.chalkctl(&["fork", "--snapshot-id", &snapshot, "--fork-id", "pf"]);
     ensure!(fork.code == 0, "fork of the pod: {fork:?}");
     let forked_in = started.elapsed();
     ensure!(

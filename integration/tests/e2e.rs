@@ -1036,6 +1036,12 @@ mod gpu;
 #[path = "e2e/install.rs"]
 mod install;
 
+#[path = "e2e/forktree.rs"]
+mod forktree;
+
+#[path = "e2e/terminal.rs"]
+mod terminal;
+
 fn main() {
     let args = Arguments::from_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1120,6 +1126,38 @@ fn main() {
             snapshots::failed_checkpoint_leaves_the_source_running,
         ),
         (
+            "failed_snapshot_never_costs_the_source",
+            snapshots::failed_snapshot_never_costs_the_source,
+        ),
+        (
+            "fork_tree_four_levels_deep",
+            forktree::fork_tree_four_levels_deep,
+        ),
+        (
+            "lifetime_destroys_or_suspends_and_forks_inherit_it",
+            forktree::lifetime_destroys_or_suspends_and_forks_inherit_it,
+        ),
+        (
+            "lifetime_survives_a_containerd_restart",
+            forktree::lifetime_survives_a_containerd_restart,
+        ),
+        (
+            "fork_count_is_pooled_and_leaves_nothing_behind",
+            forktree::fork_count_is_pooled_and_leaves_nothing_behind,
+        ),
+        (
+            "defaults_work_without_an_options_file",
+            forktree::defaults_work_without_an_options_file,
+        ),
+        (
+            "terminal_signals_size_and_settings_survive_a_restore",
+            terminal::terminal_signals_size_and_settings_survive_a_restore,
+        ),
+        (
+            "a_snapshot_does_not_cut_ctrs_terminal",
+            terminal::a_snapshot_does_not_cut_ctrs_terminal,
+        ),
+        (
             "chalkctl_snapshot_registry",
             chalkctl::chalkctl_snapshot_registry,
         ),
@@ -1183,6 +1221,13 @@ fn main() {
         trials.push(Trial::test(name, move || case(&env)).with_ignored_flag(absent));
     }
     let conclusion = libtest_mimic::run(&args, trials);
+    // Whatever the tests did, no restore may leave its unpacked checkpoint (the sandbox's
+    // memory) in containerd's temporary directory.
+    let left = env.c.unpacked_checkpoints();
     drop(env);
+    if !left.is_empty() && !args.list {
+        eprintln!("containerd's temporary directory keeps unpacked checkpoints: {left:?}");
+        std::process::exit(101);
+    }
     conclusion.exit();
 }

@@ -8,8 +8,10 @@
 //! - [`state`]: the process lifecycle state machine.
 //! - [`bundle`]: what the shim persists in the bundle so a later `delete` can clean up.
 //! - [`stats`]: runsc's statistics output.
+//! - [`terminal`]: a TTY sandbox's terminal state and signals across a restore.
 //! - [`caps`]: capabilities narrowed for non-root processes as execve would.
 //! - [`executable`]: finds a container's executable before its sandbox is made.
+//! - [`lifetime`]: a sandbox's lifetime and what happens when it ends (annotations).
 //! - [`ids`]: validation of container and exec ids before they reach a path or argv.
 
 pub mod bundle;
@@ -17,6 +19,7 @@ pub mod caps;
 pub mod error;
 pub mod executable;
 pub mod ids;
+pub mod lifetime;
 pub mod netns;
 pub mod options;
 pub mod registry;
@@ -25,5 +28,6 @@ pub mod snapshot;
 pub mod spec;
 pub mod state;
 pub mod stats;
+pub mod terminal;
 
 pub use error::{Error, Result};

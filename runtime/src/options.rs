@@ -13,6 +13,8 @@
 //! command = ["/bin/hostname", "fork"]
 //! [gpu]                            # the cuda-checkpoint handoff
 //! lock_timeout_secs = 10
+//! [snapshot]
+//! check_free_space = true          # refuse a checkpoint its filesystem has no room for
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back
@@ -63,6 +65,31 @@ pub struct RuntimeOptions {
     pub allow_annotation_hooks: bool,
     #[serde(default)]
     pub gpu: chalk_hooks::GpuOptions,
+    #[serde(default)]
+    pub snapshot: SnapshotOptions,
+}
+
+/// `[snapshot]`: how checkpoints are taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotOptions {
+    /// Refuse a checkpoint, before the sandbox is touched, when its directory's filesystem
+    /// has less room than the sandbox's memory and a margin (off only where a filesystem
+    /// misreports its free space).
+    #[serde(default = "yes")]
+    pub check_free_space: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for SnapshotOptions {
+    fn default() -> Self {
+        SnapshotOptions {
+            check_free_space: true,
+        }
+    }
 }
 
 fn default_binary() -> String {
@@ -83,6 +110,7 @@ impl Default for RuntimeOptions {
             hooks: Vec::new(),
             allow_annotation_hooks: false,
             gpu: chalk_hooks::GpuOptions::default(),
+            snapshot: SnapshotOptions::default(),
         }
     }
 }
@@ -201,6 +229,15 @@ mod tests {
             o.runsc_root("k8s.io").unwrap(),
             PathBuf::from("/run/chalk/k8s.io")
         );
+    }
+
+    #[test]
+    fn snapshot_options_default_to_checking_free_space() {
+        assert!(RuntimeOptions::default().snapshot.check_free_space);
+        let o = RuntimeOptions::parse("[snapshot]\ncheck_free_space = false\n", "t").unwrap();
+        assert!(!o.snapshot.check_free_space);
+        let err = RuntimeOptions::parse("[snapshot]\ncheck_space = false\n", "t").unwrap_err();
+        assert!(err.to_string().contains("check_space"), "{err}");
     }
 
     #[test]

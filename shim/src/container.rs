@@ -76,6 +76,9 @@ pub struct Process {
     pub pid: u32,
     pub io: ProcessIo,
     pub exit: Arc<ExitCell>,
+    /// The terminal size last asked for (ResizePty), also before the terminal exists: a
+    /// restore makes its terminal at Start.
+    pub size: Option<(u32, u32)>,
 }
 
 impl Process {
@@ -87,6 +90,7 @@ impl Process {
             pid: 0,
             io: ProcessIo::default(),
             exit: Arc::default(),
+            size: None,
         }
     }
 }
@@ -122,6 +126,11 @@ pub struct RestoreFrom {
     /// How many pod containers the sandbox held besides its own (each is restored into it
     /// when it starts).
     pub pod_members: usize,
+    /// The terminal the sandbox's init had, for its new one.
+    pub terminal: Option<chalk_runtime::terminal::TerminalState>,
+    /// Set when `dir` is containerd's unpacked copy: removed once runsc has it (or with the
+    /// container, if it never starts).
+    pub unpacked: Mutex<Option<crate::unpacked::UnpackedCheckpoint>>,
 }
 
 pub struct Container {
@@ -148,6 +157,10 @@ pub struct Container {
     pub hooks: Vec<chalk_hooks::HookSpec>,
     /// Set for a GPU sandbox: how its CUDA processes are handed to cuda-checkpoint.
     pub gpu: Option<crate::gpu::Gpu>,
+    /// Whether a checkpoint first checks its directory has room (`[snapshot]` options).
+    pub check_free_space: bool,
+    /// How long it may run from each start, and what happens then (see `lifetime.rs`).
+    pub lifetime: Option<chalk_runtime::lifetime::Lifetime>,
     pub state: Mutex<ContainerState>,
 }
 

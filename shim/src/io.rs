@@ -16,7 +16,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chalk_runtime::runsc::ProcessStdio;
+use chalk_runtime::{
+    runsc::ProcessStdio,
+    terminal::{signals_in, TerminalState},
+};
 
 use crate::logger::{self, LogContext, LoggerSpec};
 use nix::{
@@ -182,13 +185,23 @@ pub fn console_size(process: &serde_json::Value) -> Option<(u32, u32)> {
     (width > 0 && height > 0).then_some((width, height))
 }
 
+/// Called with each signal that typing into a restored sandbox's terminal raises (runsc
+/// delivers none there: see `chalk_runtime::terminal`).
+pub type TerminalSignals = Arc<dyn Fn(i32) + Send + Sync>;
+
+/// Where a terminal's stdin copier finds its [`TerminalSignals`]: set once the sandbox has
+/// been restored (a copier outlives an in-place restore).
+type SignalSlot = Arc<Mutex<Option<TerminalSignals>>>;
+
 /// Where stdin bytes go: the process's stdin pipe or a pty master. CloseIO empties it.
 type StdinSink = Arc<Mutex<Option<File>>>;
 
 /// Copies containerd's stdin fifo into `sink` on a thread of its own. The fifo is opened in
 /// blocking mode, which waits for containerd's writer, so the process sees EOF exactly when
 /// containerd closes its end (or when CloseIO empties the sink), never before it connects.
-fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
+/// With `signals`, the sink is a terminal: keys that raise a signal under its settings of
+/// the moment are reported (after they are written, as a terminal echoes them first).
+fn spawn_stdin_copier(uri: &str, sink: StdinSink, signals: Option<SignalSlot>) -> io::Result<()> {
     let source = match parse_target(uri)? {
         Target::None => return Ok(()),
         Target::Fifo(path) | Target::File(path) => path,
@@ -215,8 +228,16 @@ fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
                         Some(Ok(out)) => out,
                         _ => break,
                     };
+                    let report = signals.as_ref().and_then(|s| s.lock().unwrap().clone());
+                    let raised = match (&report, TerminalState::read(&out)) {
+                        (Some(_), Ok(t)) => signals_in(&buf[..n], t.lflag, &t.cc),
+                        _ => Vec::new(),
+                    };
                     if (&out).write_all(&buf[..n]).is_err() {
                         break;
+                    }
+                    if let Some(report) = report {
+                        raised.into_iter().for_each(|sig| report(sig));
                     }
                 }
             }
@@ -230,6 +251,7 @@ fn spawn_stdin_copier(uri: &str, sink: StdinSink) -> io::Result<()> {
 pub struct ProcessIo {
     stdin: Option<StdinSink>,
     console: Option<File>,
+    signals: SignalSlot,
     /// See [`Outputs::fifo_readers`]: only held, never read.
     _fifo_readers: Vec<File>,
 }
@@ -249,6 +271,34 @@ impl ProcessIo {
         })?;
         set_size(console, width, height)
     }
+
+    pub fn has_terminal(&self) -> bool {
+        self.console.is_some()
+    }
+
+    /// The terminal's size and line settings, if the process has one.
+    pub fn terminal_state(&self) -> Option<TerminalState> {
+        self.console
+            .as_ref()
+            .and_then(|c| TerminalState::read(c).ok())
+    }
+}
+
+/// Writers on the output fifos of `paths`, held while a sandbox is replaced by its restore
+/// (a snapshot on a runsc that cannot resume in place): the old sandbox's (or its terminal
+/// copier's) writers close before the new one's open, and a reader that sees no writer
+/// reads end-of-file and stops (`ctr run` would lose the rest of the output).
+pub fn hold_outputs(paths: &StdioPaths) -> Vec<File> {
+    let mut held = Vec::new();
+    for uri in [&paths.stdout, &paths.stderr] {
+        if let Ok(target @ Target::Fifo(_)) = parse_target(uri) {
+            let mut readers = Vec::new();
+            if let Ok(Some(w)) = open_output(&target, &mut readers) {
+                held.push(w);
+            }
+        }
+    }
+    held
 }
 
 /// Opens stdio for a process without a terminal. Output files go straight to runsc; stdin
@@ -277,7 +327,7 @@ pub fn open_plain(
         None => {
             let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
             let sink: StdinSink = Arc::new(Mutex::new(Some(File::from(write))));
-            spawn_stdin_copier(&paths.stdin, sink.clone())?;
+            spawn_stdin_copier(&paths.stdin, sink.clone(), None)?;
             pio.stdin = Some(sink);
             Some(File::from(read))
         }
@@ -302,12 +352,21 @@ pub fn open_plain(
     ))
 }
 
-/// Starts copying between a received pty master and the process's fifos.
-pub fn attach_console(paths: &StdioPaths, master: File, ctx: &LogContext) -> io::Result<ProcessIo> {
-    let mut pio = ProcessIo::default();
+/// Starts copying between a received pty master and the process's fifos; with `signals`,
+/// terminal keys are reported as [`spawn_stdin_copier`] says.
+pub fn attach_console(
+    paths: &StdioPaths,
+    master: File,
+    ctx: &LogContext,
+    signals: Option<TerminalSignals>,
+) -> io::Result<ProcessIo> {
+    let mut pio = ProcessIo {
+        signals: Arc::new(Mutex::new(signals)),
+        ..ProcessIo::default()
+    };
     if !paths.stdin.is_empty() {
         let sink: StdinSink = Arc::new(Mutex::new(Some(master.try_clone()?)));
-        spawn_stdin_copier(&paths.stdin, sink.clone())?;
+        spawn_stdin_copier(&paths.stdin, sink.clone(), Some(pio.signals.clone()))?;
         pio.stdin = Some(sink);
     }
     // A terminal merges stderr into stdout: containerd's cio names a stderr fifo but never
@@ -316,15 +375,26 @@ pub fn attach_console(paths: &StdioPaths, master: File, ctx: &LogContext) -> io:
         stderr: String::new(),
         ..paths.clone()
     };
-    if let Some(mut out) = open_outputs(&stdout_only, ctx)?.stdout {
-        let mut from_master = master.try_clone()?;
-        // Ends with EIO once every slave end is closed; dropping `out` then gives containerd EOF.
-        std::thread::Builder::new()
-            .name("tty-out".into())
-            .spawn(move || {
+    let Outputs {
+        stdout,
+        fifo_readers,
+        ..
+    } = open_outputs(&stdout_only, ctx)?;
+    pio._fifo_readers = fifo_readers;
+    let mut from_master = master.try_clone()?;
+    // Ends with EIO once every slave end is closed; dropping `out` then gives containerd EOF.
+    // Without a stdout (a sandbox resumed or forked with no client attached) the output is
+    // read and dropped, so that the sandbox never blocks on a full terminal.
+    std::thread::Builder::new()
+        .name("tty-out".into())
+        .spawn(move || match stdout {
+            Some(mut out) => {
                 let _ = std::io::copy(&mut from_master, &mut out);
-            })?;
-    }
+            }
+            None => {
+                let _ = std::io::copy(&mut from_master, &mut std::io::sink());
+            }
+        })?;
     pio.console = Some(master);
     Ok(pio)
 }
@@ -398,18 +468,23 @@ impl ConsoleSocket {
     }
 }
 
-/// Like [`open_plain`] with a previous process, for a process with a terminal: the new pty master takes over.
+/// Like [`open_plain`] with a previous process, for a process with a terminal: the new pty
+/// master takes over containerd's stdin, with the previous terminal's size and settings.
 pub fn reattach_console(
     paths: &StdioPaths,
     master: File,
     ctx: &LogContext,
     previous: &ProcessIo,
+    signals: Option<TerminalSignals>,
 ) -> io::Result<ProcessIo> {
+    if let Some(state) = previous.terminal_state() {
+        state.apply(&master)?;
+    }
     let without_stdin = StdioPaths {
         stdin: String::new(),
         ..paths.clone()
     };
-    let mut pio = attach_console(&without_stdin, master, ctx)?;
+    let mut pio = attach_console(&without_stdin, master, ctx, None)?;
     if let (Some(sink), Some(console)) = (&previous.stdin, &pio.console) {
         let mut inner = sink.lock().unwrap();
         if inner.is_some() {
@@ -418,6 +493,9 @@ pub fn reattach_console(
             pio.stdin = Some(sink.clone());
         }
     }
+    // The previous terminal's copier keeps feeding the sink: it now reports keys too.
+    *previous.signals.lock().unwrap() = signals;
+    pio.signals = previous.signals.clone();
     Ok(pio)
 }
 
@@ -506,6 +584,73 @@ mod tests {
             0
         );
         assert_eq!((ws.ws_col, ws.ws_row), (80, 24));
+    }
+
+    #[test]
+    fn a_restored_terminal_reports_the_signals_its_keys_raise() {
+        let dir = tempfile::tempdir().unwrap();
+        let i = dir.path().join("in");
+        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        let (master, slave) = open_pty().unwrap();
+        let paths = StdioPaths {
+            stdin: i.display().to_string(),
+            terminal: true,
+            ..Default::default()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let report: TerminalSignals = Arc::new(move |sig| {
+            let _ = tx.send(sig);
+        });
+        let _pio = attach_console(&paths, master, &LogContext::default(), Some(report)).unwrap();
+        let mut w = OpenOptions::new().write(true).open(&i).unwrap();
+        // A new pty is in cooked mode, ISIG on: ^C raises SIGINT, plain keys nothing.
+        w.write_all(b"ls\n").unwrap();
+        w.write_all(b"\x03").unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(got, libc::SIGINT);
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "one signal only"
+        );
+        // In raw mode the program reads ^C itself.
+        let mut raw = TerminalState::read(&slave).unwrap();
+        raw.lflag &= !libc::ISIG;
+        raw.apply(&slave).unwrap();
+        w.write_all(b"\x03").unwrap();
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    }
+
+    #[test]
+    fn held_outputs_keep_a_fifo_reader_from_end_of_file() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().join("out");
+        nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        let mut reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&o)
+            .unwrap();
+        let paths = StdioPaths {
+            stdout: o.display().to_string(),
+            ..Default::default()
+        };
+        let first = OpenOptions::new().write(true).open(&o).unwrap();
+        let held = hold_outputs(&paths);
+        assert_eq!(held.len(), 1);
+        drop(first); // the old sandbox goes
+        let mut buf = [0u8; 8];
+        // With a writer held, an empty fifo reads "would block", not end-of-file.
+        assert_eq!(
+            reader.read(&mut buf).unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+        drop(held);
+        assert_eq!(
+            reader.read(&mut buf).unwrap(),
+            0,
+            "end-of-file once nothing holds it"
+        );
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! container (or each Kubernetes pod) in a gVisor sandbox through runsc.
 
 mod container;
+mod containerd;
 mod errors;
 mod events;
 mod gpu;
 mod hooks;
-mod images;
 mod info;
 mod io;
+mod lifetime;
 mod logger;
 mod metrics;
 mod oom;
@@ -18,6 +19,8 @@ mod runtime_options;
 mod service;
 mod snapshot;
 mod task;
+mod terminal;
+mod unpacked;
 
 fn main() {
     if info::handle_info_flag() {

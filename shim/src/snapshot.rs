@@ -14,7 +14,7 @@ use chalk_runtime::{
     snapshot::{
         hash::sha256_hex,
         manifest::{self, ExcludedMount, HostInfo, RunscInfo, Source, SpecInfo},
-        Isolation, Kind, Manifest,
+        space, Isolation, Kind, Manifest,
     },
     state::Status,
 };
@@ -25,8 +25,9 @@ use containerd_shim::{
 
 use crate::{
     container::{Container, RestoreFrom},
+    containerd,
     errors::{Result, ShimError},
-    images, runtime_options,
+    runtime_options,
     task::{Launch, TaskService},
 };
 
@@ -58,6 +59,22 @@ impl TaskService {
             .clone()
             .unwrap_or_else(|| PathBuf::from(&req.path));
         prepare_dir(&dir)?;
+        // A checkpoint that fills the disk half-way can cost the source (its sandbox stops
+        // on runsc builds that cannot checkpoint in place): refused before anything is done.
+        let memory = c.runsc.stats(&c.id).map(|s| s.data.memory.usage.usage);
+        if c.check_free_space {
+            let memory = memory.as_ref().map_err(|e| {
+                ShimError::FailedPrecondition(format!(
+                    "container {}: cannot tell how much memory it uses, so not how much room \
+                     its checkpoint needs: {e}",
+                    c.id
+                ))
+            })?;
+            let free = space::available(&dir)
+                .map_err(|e| ShimError::internal(format!("free space of {}", dir.display()), e))?;
+            space::check(&dir, *memory, free)
+                .map_err(|e| ShimError::FailedPrecondition(format!("container {}: {e}", c.id)))?;
+        }
         // A failing pre-checkpoint hook aborts the checkpoint before the sandbox is touched.
         self.hooks_while_running(&c, Stage::PreCheckpoint, &dir)?;
         // A GPU sandbox's CUDA state leaves the GPU (or nothing moves and the error says why).
@@ -84,6 +101,8 @@ impl TaskService {
                 Kind::Snapshot
             },
         )?;
+        manifest.memory_bytes = memory.ok();
+        manifest.terminal = c.state.lock().unwrap().init.io.terminal_state();
         let started = Instant::now();
         let outcome = if want.exit {
             self.suspend(&c, &dir)
@@ -252,8 +271,27 @@ impl TaskService {
                 Ok(())
             }
             LeaveRunning::RestoreAfter => {
-                c.runsc
-                    .checkpoint(&c.id, dir, false, &crate::gpu::runsc_flags(c))?;
+                // Its client must not read end-of-file between the two sandboxes.
+                let held = crate::io::hold_outputs(&st.init.stdio);
+                if let Err(e) = c
+                    .runsc
+                    .checkpoint(&c.id, dir, false, &crate::gpu::runsc_flags(c))
+                {
+                    // A failed save ends the sandbox on this runsc (at once, if it does).
+                    let alive = (0..10).all(|_| {
+                        std::thread::sleep(Duration::from_millis(100));
+                        process_alive(st.init.pid)
+                    });
+                    return Err(if alive {
+                        e.into()
+                    } else {
+                        ShimError::Internal(format!(
+                            "container {}: {e}; this runsc's checkpoint stops the sandbox, which \
+                             stopped with it (its exit is reported)",
+                            c.id
+                        ))
+                    });
+                }
                 // The source sandbox has stopped. It comes back from what was just written,
                 // under the same id, with the same IO; its exit is never reported (its pid
                 // is no longer the init's when the watcher gets the lock).
@@ -267,8 +305,11 @@ impl TaskService {
                     Launch::Restore {
                         image: dir,
                         previous: Some(&previous),
+                        terminal: None,
+                        signals: Some(crate::terminal::signals_for(c)),
                     },
                 );
+                drop(held);
                 match launched {
                     Ok((pid, pio)) => {
                         st.init.pid = pid as u32;
@@ -342,7 +383,7 @@ impl TaskService {
                 flags: c.runsc.global().flags.clone(),
             },
             host: HostInfo::current(),
-            image: images::image_of(self.containerd_address(), self.namespace(), &c.id)?,
+            image: containerd::image_of(self.containerd_address(), self.namespace(), &c.id)?,
             spec: SpecInfo {
                 sha256: sha256_hex(&spec_bytes),
                 resources: spec["linux"]["resources"].clone(),
@@ -350,6 +391,8 @@ impl TaskService {
             },
             excluded_mounts: excluded_mounts(&spec),
             files: Vec::new(),
+            memory_bytes: None,
+            terminal: None,
             extra: Default::default(),
         })
     }
@@ -403,7 +446,7 @@ impl TaskService {
             )));
         }
         if let Some(source) = &m.image {
-            let here = images::image_of(self.containerd_address(), self.namespace(), id)?;
+            let here = containerd::image_of(self.containerd_address(), self.namespace(), id)?;
             match here {
                 Some(image) if image.digest == source.digest => {}
                 Some(image) => {
@@ -432,6 +475,8 @@ impl TaskService {
             dir: dir.to_path_buf(),
             cuda_pids: crate::gpu::moved_pids(&m.extra),
             pod_members,
+            terminal: m.terminal.clone(),
+            unpacked: Default::default(),
         })
     }
 }
@@ -519,6 +564,14 @@ fn checkpointable(c: &Container, status: Status) -> Result<bool> {
             c.id
         ))),
     }
+}
+
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next())
+        .is_some_and(|state| !matches!(state, 'Z' | 'X'))
 }
 
 /// Makes `dir` (root-only) if needed; runsc writes fresh files, so it must be empty.

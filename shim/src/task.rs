@@ -13,9 +13,12 @@ use chalk_runtime::{
     bundle::Record,
     caps, executable, ids, netns,
     options::RuntimeOptions,
-    runsc::{ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc},
+    runsc::{
+        probe::NetworkProbe, ExecChild, FeatureCache, Features, GlobalArgs, ProcessStdio, Runsc,
+    },
     spec::Placement,
     state::{self, Event as Transition, Status},
+    terminal::TerminalState,
 };
 use containerd_shim::{
     api::{
@@ -57,10 +60,14 @@ use crate::{
 pub(crate) enum Launch<'a> {
     Create,
     /// From the checkpoint in `image`; `previous` is the IO of the sandbox it replaces, when it
-    /// replaces one under the same id.
+    /// replaces one under the same id (its terminal's state carries over). A fork or resume
+    /// gives its new terminal `terminal` (from the snapshot, with the last ResizePty's size).
     Restore {
         image: &'a Path,
         previous: Option<&'a io::ProcessIo>,
+        terminal: Option<TerminalState>,
+        /// Where the keys of its terminal that raise signals go (runsc delivers none).
+        signals: Option<io::TerminalSignals>,
     },
 }
 
@@ -193,7 +200,7 @@ impl TaskService {
         let binary = runsc.binary().to_path_buf();
         let disk = FeatureCache::new(opts.root.join(".features"));
         let cached = FEATURES.lock().unwrap().get(&binary).cloned();
-        let features = match cached.or_else(|| disk.get(&binary)) {
+        let mut features = match cached.or_else(|| disk.get(&binary)) {
             Some(f) => f,
             None => {
                 let f = runsc.features()?;
@@ -202,7 +209,6 @@ impl TaskService {
                 f
             }
         };
-        FEATURES.lock().unwrap().insert(binary, features.clone());
         // What runsc shares between sandboxes (current builds pin a "null" network namespace
         // there) stays in the namespace's root, not in each sandbox's.
         if features.global_flags.contains("shared-root")
@@ -220,12 +226,42 @@ impl TaskService {
         features
             .check_flags(&runsc.global().flags)
             .map_err(ShimError::InvalidArgument)?;
+        // No network chosen: runsc's default (a network of the sandbox's own) where this
+        // runsc can have it on this host, else loopback only; tried once per binary and boot.
+        if !opts.runsc_config.contains_key("network") {
+            if features.network_probe.is_none() {
+                let work = opts.root.join(format!(".probe-{}", std::process::id()));
+                features.network_probe = Some(chalk_runtime::runsc::probe::network(&runsc, &work)?);
+                disk.put(&binary, &features);
+                if features.network_probe == Some(NetworkProbe::NoneOnly) {
+                    log::warn!(
+                        "{} cannot give sandboxes a network of their own on this host: they get \
+                         loopback only (network = \"none\"); set network under [runsc_config] \
+                         in the runtime options to choose",
+                        binary.display()
+                    );
+                }
+            }
+            if features.network_probe == Some(NetworkProbe::NoneOnly) {
+                runsc.add_flag("--network=none");
+            }
+        }
+        FEATURES.lock().unwrap().insert(binary, features.clone());
         Ok((runsc, features))
     }
 
     // ---- create / start ------------------------------------------------------------------
 
     pub fn create(&self, req: &CreateTaskRequest) -> Result<u32> {
+        // containerd's unpacked copy of a checkpoint goes whatever becomes of this request.
+        let mut unpacked = (!req.checkpoint.is_empty())
+            .then(|| {
+                crate::unpacked::UnpackedCheckpoint::of(
+                    Path::new(&req.checkpoint),
+                    &crate::unpacked::containerd_temp_dir(),
+                )
+            })
+            .flatten();
         ids::container_id(&req.id)?;
         if self.inner.containers.lock().unwrap().contains_key(&req.id) {
             return Err(ShimError::AlreadyExists(format!(
@@ -266,6 +302,20 @@ impl TaskService {
         )
         .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)))?;
         let gpu = crate::gpu::of(&spec, &opts.gpu, &opts.runsc_flags().unwrap_or_default());
+        let lifetime = chalk_runtime::lifetime::Lifetime::of_spec(&spec)
+            .map_err(|e| ShimError::InvalidArgument(format!("container {}: {e}", req.id)))?
+            .filter(|_| {
+                // Kubernetes owns a pod's life (activeDeadlineSeconds): it would only make
+                // the pod again.
+                let cri = spec["annotations"][chalk_runtime::spec::CRI_CONTAINER_TYPE].is_string();
+                if cri {
+                    log::warn!(
+                        "container {}: a lifetime is not kept for a pod's containers",
+                        req.id
+                    );
+                }
+                !cri
+            });
         let sandbox_id = chalk_runtime::spec::sandbox_id_of(Some(&spec), &req.id);
         let (mut runsc, features) = self.runsc_for(&opts, &bundle, &req.id, &sandbox_id)?;
         // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
@@ -288,7 +338,7 @@ impl TaskService {
             }
         );
 
-        let network = opts.runsc_config.get("network").and_then(|v| v.as_str());
+        let network = runsc.flag_value("network");
         // A pod container lives in its sandbox's network, whatever its spec says.
         let netns = (!placement.in_pod() && netns::needs_private_netns(&spec, network))
             .then(|| netns::netns_path(&opts.root, &self.inner.namespace, &req.id));
@@ -297,7 +347,10 @@ impl TaskService {
         let restore_from = match req.checkpoint.as_str() {
             "" => None,
             dir => {
-                Some(self.verify_restore(&req.id, Path::new(dir), &runsc, &features, &adapted)?)
+                let from =
+                    self.verify_restore(&req.id, Path::new(dir), &runsc, &features, &adapted)?;
+                *from.unpacked.lock().unwrap() = unpacked.take();
+                Some(from)
             }
         };
         create_private_dir(&runsc.global().root)?;
@@ -355,6 +408,8 @@ impl TaskService {
             restored: Default::default(),
             hooks,
             gpu,
+            check_free_space: opts.snapshot.check_free_space,
+            lifetime,
             state: Mutex::new(ContainerState {
                 init: Process::new("", stdio.clone()),
                 execs: HashMap::new(),
@@ -380,7 +435,7 @@ impl TaskService {
                 // Leave nothing behind: no sandbox, no mount, no record.
                 let _ = container.runsc.delete(&container.id, true);
                 cleanup_bundle(&bundle, rootfs_mounted, container.netns.as_deref());
-                return Err(e);
+                return Err(network_hint(e));
             }
         };
         let container = Arc::new(container);
@@ -518,16 +573,33 @@ impl TaskService {
             let master = console
                 .receive(START_TIMEOUT)
                 .map_err(|e| ShimError::internal(format!("terminal of {}", c.id), e))?;
-            if let Some((w, h)) = read_spec(&c.bundle).and_then(|s| io::console_size(&s["process"]))
-            {
-                let _ = io::set_size(&master, w, h);
-            }
-            pio = match &how {
+            pio = match how {
+                Launch::Create => {
+                    let size = read_spec(&c.bundle).and_then(|s| io::console_size(&s["process"]));
+                    if let Some((w, h)) = size {
+                        let _ = io::set_size(&master, w, h);
+                    }
+                    io::attach_console(stdio, master, &ctx, None)
+                }
                 Launch::Restore {
                     previous: Some(previous),
+                    signals,
                     ..
-                } => io::reattach_console(stdio, master, &ctx, previous),
-                _ => io::attach_console(stdio, master, &ctx),
+                } => io::reattach_console(stdio, master, &ctx, previous, signals),
+                Launch::Restore {
+                    previous: None,
+                    terminal,
+                    signals,
+                    ..
+                } => {
+                    // Before any input: keys typed into default settings would echo twice.
+                    if let Some(t) = &terminal {
+                        if let Err(e) = t.apply(&master) {
+                            log::warn!("container {}: terminal settings not restored: {e}", c.id);
+                        }
+                    }
+                    io::attach_console(stdio, master, &ctx, signals)
+                }
             }
             .map_err(open_err)?;
         }
@@ -613,14 +685,29 @@ impl TaskService {
         let next = state::transition(id, st.init.status, Transition::Start)?;
         if let Some(from) = &c.restore_from {
             let started_at = Instant::now();
-            let (pid, pio) = self.launch_sandbox(
+            let terminal = from.terminal.clone().map(|mut t| {
+                if let Some((w, h)) = st.init.size {
+                    (t.cols, t.rows) =
+                        (w.min(u16::MAX.into()) as u16, h.min(u16::MAX.into()) as u16);
+                }
+                t
+            });
+            let launched = self.launch_sandbox(
                 &c,
                 &st.init.stdio.clone(),
                 Launch::Restore {
                     image: &from.dir,
                     previous: None,
+                    terminal,
+                    signals: Some(crate::terminal::signals_for(&c)),
                 },
-            )?;
+            );
+            // runsc has opened what it reads (or failed): containerd's copy can go.
+            from.unpacked.lock().unwrap().take();
+            let (pid, pio) = launched?;
+            if let (Some((w, h)), None) = (st.init.size, &from.terminal) {
+                let _ = pio.resize(w, h);
+            }
             st.init.pid = pid as u32;
             st.init.io = pio;
             self.watch_init(&c, pid, started_at);
@@ -642,7 +729,7 @@ impl TaskService {
                 nix::unistd::Pid::from_raw(st.init.pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
-            return Err(e.into());
+            return Err(network_hint(e.into()));
         }
         st.init.status = next;
         let pid = st.init.pid;
@@ -652,7 +739,25 @@ impl TaskService {
         self.events().send(topics::TASK_START_EVENT_TOPIC, ev);
         drop(st);
         self.adjust_oom_score(&c.sandbox_id, pid);
+        if let Some(lifetime) = c.lifetime {
+            crate::lifetime::watch(self, &c, lifetime);
+        }
         Ok(pid)
+    }
+
+    /// Ends sandbox `c` at once (SIGKILL to all it runs, then to the sandbox process); its
+    /// exit is reported as any other.
+    pub(crate) fn kill_sandbox(&self, c: &Container) {
+        if let Err(e) = c.runsc.kill(&c.id, libc::SIGKILL as u32, true, None) {
+            log::warn!("container {}: kill --all: {e}", c.id);
+        }
+        let pid = c.state.lock().unwrap().init.pid;
+        if pid > 0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 
     /// Gives sandbox process `pid` the lowest OOM score its running containers ask for (as
@@ -912,7 +1017,7 @@ impl TaskService {
         if let Some(master) = master {
             // Only opening containerd's fifos can fail here; the process then still runs and
             // its exit is watched like any other.
-            match io::attach_console(&p.stdio, master, &self.log_context(&c.id)) {
+            match io::attach_console(&p.stdio, master, &self.log_context(&c.id), None) {
                 Ok(pio) => p.io = pio,
                 Err(e) => log::error!("exec {exec_id} in {}: terminal not attached: {e}", c.id),
             }
@@ -1254,13 +1359,25 @@ impl TaskService {
     pub fn resize_pty(&self, id: &str, exec_id: &str, width: u32, height: u32) -> Result<()> {
         log::debug!("resize terminal of {id} {exec_id:?} to {width}x{height}");
         let c = self.container(id)?;
-        let st = c.state.lock().unwrap();
+        let mut st = c.state.lock().unwrap();
         let p = st
-            .process(exec_id)
+            .process_mut(exec_id)
             .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in {id}")))?;
-        p.io.resize(width, height).map_err(|e| {
-            ShimError::FailedPrecondition(format!("resize {}: {e}", display_exec(exec_id)))
-        })
+        // A restore makes its terminal at Start: it gets this size then.
+        let later = !p.io.has_terminal() && p.stdio.terminal && p.status == Status::Created;
+        if !later {
+            p.io.resize(width, height).map_err(|e| {
+                ShimError::FailedPrecondition(format!("resize {}: {e}", display_exec(exec_id)))
+            })?;
+        }
+        p.size = Some((width, height));
+        drop(st);
+        // runsc forwards no SIGWINCH to a restored sandbox's foreground job.
+        if !later && exec_id.is_empty() && c.was_restored() {
+            let signals = crate::terminal::signals_for(&c);
+            signals(libc::SIGWINCH);
+        }
+        Ok(())
     }
 
     pub fn connect(&self, id: &str) -> ConnectResponse {
@@ -1272,6 +1389,19 @@ impl TaskService {
         }
         resp
     }
+}
+
+/// runsc's refusal of a network it cannot have on this host, with what to do about it.
+fn network_hint(e: ShimError) -> ShimError {
+    let text = e.to_string();
+    if !text.contains("cannot run with network enabled in root network namespace") {
+        return e;
+    }
+    ShimError::FailedPrecondition(format!(
+        "{text} (this runsc cannot give a sandbox a network of its own on this host: set \
+         network = \"none\" under [runsc_config] in the runtime options, or leave network out \
+         for the shim to pick what works, or install a runsc from 2024 on)"
+    ))
 }
 
 fn display_exec(exec_id: &str) -> &str {

@@ -167,10 +167,18 @@ impl<'a> ViaCtr<'a> {
 
     pub fn fork(&self, digest: &str, id: &str, count: usize) -> Result<Duration, String> {
         let n = count.to_string();
-        Ok(
-            timed(|| self.chalkctl(&["fork", "--snapshot-id", digest, "--id", id, "--count", &n]))?
-                .0,
-        )
+        Ok(timed(|| {
+            self.chalkctl(&[
+                "fork",
+                "--snapshot-id",
+                digest,
+                "--fork-id",
+                id,
+                "--count",
+                &n,
+            ])
+        })?
+        .0)
     }
 
     /// Suspend: how long, and the snapshot it made.

@@ -128,7 +128,7 @@ fn snapshots(c: &Containerd) -> Result<(), String> {
             "fork",
             "--snapshot-id",
             &id,
-            "--id",
+            "--fork-id",
             "demo-fork",
             "--count",
             "2",

@@ -143,7 +143,7 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
             "fork",
             "--snapshot-id",
             &ids[1],
-            "--id",
+            "--fork-id",
             "ctl-f",
             "--count",
             "3",
@@ -167,7 +167,7 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
             "fork",
             "--snapshot-id",
             &ids[1],
-            "--id",
+            "--fork-id",
             "ctl-g",
             "--count",
             "2",
@@ -401,7 +401,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
             !completed.to_string().contains(idle),
             "the status filter let a failed snapshot through: {completed}"
         );
-        let out = e.chalkctl(&["fork", "--snapshot-id", &name, "--id", ids[0]]);
+        let out = e.chalkctl(&["fork", "--snapshot-id", &name, "--fork-id", ids[0]]);
         ensure!(
             out.code != 0 && out.stderr.contains("failed") && e.task_status(ids[0]).is_none(),
             "fork of a failed snapshot: {out:?}"
@@ -416,7 +416,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         // SAFETY: a plain signal to a process we found by its command line.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         let status = e.chalkctl_json(&["snapshot", "get", "--snapshot-id", &name])?;
-        let out = e.chalkctl(&["fork", "--snapshot-id", &name, "--id", ids[1]]);
+        let out = e.chalkctl(&["fork", "--snapshot-id", &name, "--fork-id", ids[1]]);
         unsafe { libc::kill(pid, libc::SIGCONT) };
         ensure!(
             status["status"] != "completed",
@@ -444,7 +444,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         let last = bent.len() - 2;
         bent[last] = b' ';
         std::fs::write(&index_file, &bent).map_err(|e| e.to_string())?;
-        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--id", ids[2]]);
+        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--fork-id", ids[2]]);
         std::fs::write(&index_file, &index).map_err(|e| e.to_string())?;
         ensure!(
             out.code != 0
@@ -486,7 +486,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         let mut bent = tar.clone();
         bent[at] ^= 1;
         std::fs::write(&tar_file, &bent).map_err(|e| e.to_string())?;
-        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--id", ids[3]]);
+        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--fork-id", ids[3]]);
         std::fs::write(&tar_file, &tar).map_err(|e| e.to_string())?;
         ensure!(
             out.code != 0
@@ -498,7 +498,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         ensure!(leftovers.is_empty(), "the refused fork left {leftovers:?}");
 
         // Put back, it forks.
-        let out = e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--id", ids[3]])?;
+        let out = e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--fork-id", ids[3]])?;
         ensure!(
             e.task_status(ids[3]).as_deref() == Some("RUNNING"),
             "the intact snapshot did not fork: {out}"

@@ -137,7 +137,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
 
         // A fork starts with its processes checkpointed (as in the snapshot) and restores
         // and unlocks them before Start returns.
-        e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--id", fork])?;
+        e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--fork-id", fork])?;
         let (states, log) = e.cuda(fork);
         ensure!(
             log == [moved_out.clone(), moved_back.clone()].concat(),

@@ -58,7 +58,7 @@ pub fn hooks_run_around_a_snapshot_and_in_each_fork(e: &Env) -> TestResult {
         );
         // The fork starts from the snapshot (taken after `pre`, before `post`) and runs its
         // post-restore hook as itself.
-        e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--id", fork])?;
+        e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--fork-id", fork])?;
         ensure!(
             e.hook_log(fork) == "pre hk-src\nrestored hk-fork\n",
             "fork's log: {:?}",
@@ -151,7 +151,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
         ensure!(out.code == 0, "{out:?}");
         let digest = e.snapshot_of(ids[2])?;
         taken.push(digest.clone());
-        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--id", ids[3]]);
+        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--fork-id", ids[3]]);
         let all = format!("{}{}", out.stdout, out.stderr);
         ensure!(
             out.code != 0 && all.contains("post-restore hook") && all.contains("no identity"),
@@ -230,7 +230,7 @@ pub fn fork_identity_example_gives_each_fork_its_own(e: &Env) -> TestResult {
             "fork",
             "--snapshot-id",
             &digest,
-            "--id",
+            "--fork-id",
             "hk-ident-f",
             "--count",
             "2",

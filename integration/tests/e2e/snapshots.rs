@@ -19,7 +19,7 @@ impl Env {
         self.ctr(&["task", "exec", "--exec-id", exec_id, id, "sh", "-c", script])
     }
 
-    fn count(&self, id: &str) -> Result<u64, Failed> {
+    pub(crate) fn count(&self, id: &str) -> Result<u64, Failed> {
         let out = self.sh(id, "count", "cat /tmp/count");
         out.stdout
             .trim()
@@ -27,7 +27,7 @@ impl Env {
             .map_err(|_| Failed::from(format!("counter of {id}: {out:?}")))
     }
 
-    fn start_counter(&self, id: &str) -> TestResult {
+    pub(crate) fn start_counter(&self, id: &str) -> TestResult {
         self.run_detached(id, &["sh", "-c", COUNTER])?;
         // Let it write its files and count a little.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -488,4 +488,141 @@ pub fn failed_checkpoint_leaves_the_source_running(e: &Env) -> TestResult {
     e.remove(id);
     result?;
     e.assert_clean(id)
+}
+
+/// A tmpfs of `mib` MiB mounted at `dir` until dropped.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(dir: PathBuf, mib: u32) -> Result<Self, Failed> {
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .map_err(|e| e.to_string())?;
+        ensure!(
+            out.status.success(),
+            "mount a tmpfs at {}: {out:?}",
+            dir.display()
+        );
+        Ok(SmallFs(dir))
+    }
+
+    fn is_empty(&self, sub: &str) -> bool {
+        std::fs::read_dir(self.0.join(sub)).map_or(true, |mut d| d.next().is_none())
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A checkpoint its filesystem has no room for: refused before the sandbox is touched (it runs
+/// on, on both runsc generations), with the figures; with the check off, it fails half-way
+/// with "no space left on device", and the source runs on where runsc can checkpoint in place
+/// (the 2022 build's checkpoint stops the sandbox: then it is cleanly gone, its exit reported).
+pub fn failed_snapshot_never_costs_the_source(e: &Env) -> TestResult {
+    let (src, unchecked) = ("full-src", "full-unchecked");
+    for id in [src, unchecked] {
+        e.remove(id);
+    }
+    // 32 MiB in the sandbox's memory: its checkpoint cannot fit in 8 MiB.
+    let filler = format!("dd if=/dev/urandom of=/tmp/fill bs=1M count=32 2>/dev/null; {COUNTER}");
+    let small = SmallFs::mount(e.c.dir().join("small"), 8)?;
+    let api = e.api();
+    let result = (|| {
+        e.run_detached(src, &["sh", "-c", &filler])?;
+        e.count_reaches(src, 3)?;
+        for exit in [false, true] {
+            let dir = small.0.join(if exit { "suspend" } else { "snapshot" });
+            let err = match api.checkpoint_to(src, &dir, exit) {
+                Ok(()) => return Err("a checkpoint with no room succeeded".into()),
+                Err(err) => err,
+            };
+            ensure!(
+                err.contains("no room for the checkpoint") && err.contains("MiB free"),
+                "the refusal should give the figures: {err}"
+            );
+            ensure!(
+                small.is_empty(if exit { "suspend" } else { "snapshot" }),
+                "files left in {}",
+                dir.display()
+            );
+            ensure!(
+                e.task_status(src).as_deref() == Some("RUNNING"),
+                "refused checkpoint (exit {exit}): the source is {:?}",
+                e.task_status(src)
+            );
+            let n = e.count(src)?;
+            e.count_reaches(src, n + 2)?;
+        }
+
+        // The check off: runsc runs out of room half-way.
+        let options = e.options_file(
+            "unchecked.toml",
+            &format!(
+                "{}\n[snapshot]\ncheck_free_space = false\n",
+                std::fs::read_to_string(e.c.options_path()).map_err(|e| e.to_string())?
+            ),
+        );
+        let out = e.ctr(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--runtime-config-path",
+            &options.display().to_string(),
+            IMAGE,
+            unchecked,
+            "sh",
+            "-c",
+            &filler,
+        ]);
+        ensure!(out.code == 0, "run {unchecked}: {out:?}");
+        e.count_reaches(unchecked, 3)?;
+        let dir = small.0.join("unchecked");
+        let err = match api.checkpoint_to(unchecked, &dir, false) {
+            Ok(()) => return Err("a checkpoint into a full filesystem succeeded".into()),
+            Err(err) => err,
+        };
+        ensure!(err.contains("no space left on device"), "error: {err}");
+        ensure!(
+            small.is_empty("unchecked"),
+            "a failed checkpoint left files"
+        );
+        if forktree::current_runsc() {
+            ensure!(
+                e.task_status(unchecked).as_deref() == Some("RUNNING"),
+                "a half-written checkpoint cost the source: {:?}",
+                e.task_status(unchecked)
+            );
+            let n = e.count(unchecked)?;
+            e.count_reaches(unchecked, n + 2)?;
+        } else {
+            ensure!(
+                err.contains("stopped with it"),
+                "the error should say the sandbox stopped: {err}"
+            );
+            e.wait_status(unchecked, "STOPPED", Duration::from_secs(10))?;
+            let (status, _) = api.wait(unchecked, "")?;
+            eprintln!("half-written checkpoint on the 2022 runsc: source stopped, exit {status}");
+        }
+        Ok(())
+    })();
+    for id in [src, unchecked] {
+        e.remove(id);
+    }
+    drop(small);
+    result?;
+    e.assert_clean(src)?;
+    e.assert_clean(unchecked)
 }

@@ -39,6 +39,8 @@ pub enum Op<'a> {
         all: bool,
         /// A process of the sandbox (its root pid namespace) instead of the container's init.
         pid: Option<i32>,
+        /// A process group of the sandbox (runsc builds whose `kill` has `--pgid`).
+        pgid: Option<i32>,
     },
     Delete {
         id: &'a str,
@@ -51,8 +53,11 @@ pub enum Op<'a> {
         internal_pid_file: &'a Path,
         console_socket: Option<&'a Path>,
     },
+    /// The container's processes: their pids as JSON, or runsc's table (with PPID, and PGID
+    /// on newer builds).
     Ps {
         id: &'a str,
+        table: bool,
     },
     Pause {
         id: &'a str,
@@ -115,7 +120,7 @@ impl Op<'_> {
             | Op::Kill { id, .. }
             | Op::Delete { id, .. }
             | Op::Exec { id, .. }
-            | Op::Ps { id }
+            | Op::Ps { id, .. }
             | Op::Pause { id }
             | Op::Resume { id }
             | Op::Stats { id }
@@ -155,12 +160,15 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
             a.extend(["--pid-file".into(), pid_file.into()]);
             console(&mut a, console_socket);
         }
-        Op::Kill { all, pid, .. } => {
+        Op::Kill { all, pid, pgid, .. } => {
             if *all {
                 a.push("--all".into());
             }
             if let Some(pid) = pid {
                 a.push(format!("--pid={pid}").into());
+            }
+            if let Some(pgid) = pgid {
+                a.push(format!("--pgid={pgid}").into());
             }
         }
         Op::Delete { force, .. } => {
@@ -203,7 +211,8 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
             a.push("--detach".into());
             console(&mut a, console_socket);
         }
-        Op::Ps { .. } => a.push("--format=json".into()),
+        Op::Ps { table: false, .. } => a.push("--format=json".into()),
+        Op::Ps { table: true, .. } => {}
         Op::Stats { .. } => a.push("--stats".into()),
         Op::Update { resources, .. } => a.extend(["--resources".into(), resources.into()]),
         Op::Start { .. }
@@ -311,7 +320,8 @@ mod tests {
                 id: "c1",
                 signal: 9,
                 all: false,
-                pid: None
+                pid: None,
+                pgid: None
             }),
             format!("{G} kill c1 9")
         );
@@ -320,7 +330,8 @@ mod tests {
                 id: "c1",
                 signal: 15,
                 all: true,
-                pid: None
+                pid: None,
+                pgid: None
             }),
             format!("{G} kill --all c1 15")
         );
@@ -329,9 +340,20 @@ mod tests {
                 id: "c1",
                 signal: 2,
                 all: false,
-                pid: Some(7)
+                pid: Some(7),
+                pgid: None
             }),
             format!("{G} kill --pid=7 c1 2")
+        );
+        assert_eq!(
+            render(Op::Kill {
+                id: "c1",
+                signal: 2,
+                all: false,
+                pid: None,
+                pgid: Some(9)
+            }),
+            format!("{G} kill --pgid=9 c1 2")
         );
     }
 
@@ -348,8 +370,18 @@ mod tests {
             format!("{G} delete --force c")
         );
         assert_eq!(
-            render(Op::Ps { id: "c" }),
+            render(Op::Ps {
+                id: "c",
+                table: false
+            }),
             format!("{G} ps --format=json c")
+        );
+        assert_eq!(
+            render(Op::Ps {
+                id: "c",
+                table: true
+            }),
+            format!("{G} ps c")
         );
         assert_eq!(render(Op::Pause { id: "c" }), format!("{G} pause c"));
         assert_eq!(render(Op::Resume { id: "c" }), format!("{G} resume c"));

@@ -22,6 +22,12 @@ pub struct Features {
     /// Flags of `runsc checkpoint`, from `runsc help checkpoint`.
     #[serde(default)]
     pub checkpoint_flags: BTreeSet<String>,
+    /// Flags of `runsc kill`, from `runsc help kill`.
+    #[serde(default)]
+    pub kill_flags: BTreeSet<String>,
+    /// Which network runsc's defaults can have on this host, once probed (see [`super::probe`]).
+    #[serde(default)]
+    pub network_probe: Option<super::probe::NetworkProbe>,
 }
 
 /// How a checkpoint leaves the source running.
@@ -42,6 +48,8 @@ impl Features {
             global_flags: parse_flag_names(flags_output),
             commands: BTreeSet::new(),
             checkpoint_flags: BTreeSet::new(),
+            kill_flags: BTreeSet::new(),
+            network_probe: None,
         }
     }
 
@@ -59,6 +67,17 @@ impl Features {
     pub fn with_checkpoint_help(mut self, output: &str) -> Self {
         self.checkpoint_flags = parse_flag_names(output);
         self
+    }
+
+    /// Adds the flags listed by `runsc help kill`.
+    pub fn with_kill_help(mut self, output: &str) -> Self {
+        self.kill_flags = parse_flag_names(output);
+        self
+    }
+
+    /// Whether `runsc kill` can signal a process group (`--pgid`, 2023 on).
+    pub fn kill_has_pgid(&self) -> bool {
+        self.kill_flags.contains("pgid")
     }
 
     /// Which leave-running path this runsc needs. Both generations describe `--leave-running`
@@ -140,7 +159,7 @@ impl FeatureCache {
         let m = std::fs::metadata(&path).ok()?;
         // The leading number is the cache format: bump it when Features gains a field.
         let print = format!(
-            "4:{}:{}:{}:{}:{}.{}",
+            "5:{}:{}:{}:{}:{}.{}",
             path.display(),
             m.dev(),
             m.ino(),

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod features;
+pub mod probe;
 pub mod spawn;
 
 use std::{
@@ -180,9 +181,11 @@ impl Runsc {
         let flags = self.plain(&["flags"])?;
         let help = self.plain(&["help"])?;
         let checkpoint = self.plain(&["help", "checkpoint"]).unwrap_or_default();
+        let kill = self.plain(&["help", "kill"]).unwrap_or_default();
         Ok(Features::from_outputs(&version, &flags)
             .with_help(&help)
-            .with_checkpoint_help(&checkpoint))
+            .with_checkpoint_help(&checkpoint)
+            .with_kill_help(&kill))
     }
 
     /// Runs runsc with bare arguments (no root, no log) and returns what it printed, stdout
@@ -385,10 +388,32 @@ impl Runsc {
                 signal,
                 all,
                 pid,
+                pgid: None,
             },
             None,
         )
         .map(drop)
+    }
+
+    /// Signals process group `pgid` of the sandbox (see [`Features::kill_has_pgid`]).
+    pub fn kill_group(&self, id: &str, signal: u32, pgid: i32) -> Result<()> {
+        self.run(
+            Op::Kill {
+                id,
+                signal,
+                all: false,
+                pid: None,
+                pgid: Some(pgid),
+            },
+            None,
+        )
+        .map(drop)
+    }
+
+    /// `runsc ps`'s table of the container's processes (see [`crate::terminal`]).
+    pub fn ps_table(&self, id: &str) -> Result<String> {
+        let out = self.run(Op::Ps { id, table: true }, None)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     pub fn delete(&self, id: &str, force: bool) -> Result<()> {
@@ -411,7 +436,7 @@ impl Runsc {
 
     /// Pids of the sandbox's processes, in its root pid namespace.
     pub fn ps(&self, id: &str) -> Result<Vec<i32>> {
-        let out = self.run(Op::Ps { id }, None)?;
+        let out = self.run(Op::Ps { id, table: false }, None)?;
         let text = String::from_utf8_lossy(&out);
         let text = text.trim();
         if text.is_empty() || text == "null" {
@@ -568,6 +593,25 @@ mod tests {
         path
     }
 
+    /// Spawns like [`StdSpawner`], again for a moment while the fake is "busy": another
+    /// test's fork can still hold the fake's write end open until that child execs.
+    struct FakeSpawner;
+
+    impl Spawner for FakeSpawner {
+        fn spawn(&self, cmd: &mut Command) -> std::io::Result<Box<dyn Child>> {
+            let mut tries = 0;
+            loop {
+                match StdSpawner.spawn(cmd) {
+                    Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    other => return other,
+                }
+            }
+        }
+    }
+
     fn runsc(dir: &Path, script: &str) -> Runsc {
         Runsc::new(
             fake_runsc(dir, script),
@@ -576,7 +620,7 @@ mod tests {
                 flags: vec![],
             },
             dir,
-            Arc::new(StdSpawner),
+            Arc::new(FakeSpawner),
         )
     }
 

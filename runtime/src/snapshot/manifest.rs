@@ -131,6 +131,14 @@ pub struct Manifest {
     pub spec: SpecInfo,
     pub excluded_mounts: Vec<ExcludedMount>,
     pub files: Vec<FileEntry>,
+    /// The sandbox's memory when it was taken (runsc's own figure): what each restore of
+    /// it takes from the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// The terminal of a sandbox whose init has one: a restore gives its new terminal the
+    /// same size and settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<crate::terminal::TerminalState>,
     /// Free-form facts from hooks (e.g. GPU state); not checked by restore.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, serde_json::Value>,
@@ -369,9 +377,43 @@ pub fn rfc3339_at(secs: u64) -> String {
     )
 }
 
+/// The seconds since the epoch of an RFC 3339 UTC time as [`rfc3339_at`] writes it
+/// (`YYYY-MM-DDTHH:MM:SSZ`); None for anything else.
+pub fn rfc3339_secs(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || !text.ends_with('Z') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, m, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    // Days since 1970-01-01 from a civil date (the inverse of rfc3339_at's).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + h * 3600 + m * 60 + s).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_reads_back_what_it_writes() {
+        for secs in [0, 951_782_400, 1_764_590_400, 4_102_444_799] {
+            assert_eq!(rfc3339_secs(&rfc3339_at(secs)), Some(secs));
+        }
+        assert_eq!(rfc3339_secs("2026-12-01T10:00:00.123Z"), None);
+        assert_eq!(rfc3339_secs("2026-13-01T10:00:00Z"), None);
+        assert_eq!(rfc3339_secs("yesterday"), None);
+    }
 
     pub fn sample() -> Manifest {
         Manifest {
@@ -406,6 +448,8 @@ mod tests {
                 kind: "bind".into(),
             }],
             files: Vec::new(),
+            memory_bytes: None,
+            terminal: None,
             extra: BTreeMap::new(),
         }
     }

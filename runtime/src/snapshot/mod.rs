@@ -1,9 +1,10 @@
 //! Snapshots: the manifest that describes and protects a checkpoint directory, the hashing
-//! behind it, and the isolation rule restores must keep.
+//! behind it, the isolation rule restores must keep, and the room a checkpoint needs.
 
 pub mod hash;
 pub mod isolation;
 pub mod manifest;
+pub mod space;
 
 pub use isolation::Isolation;
 pub use manifest::{Kind, Manifest};

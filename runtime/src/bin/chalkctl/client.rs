@@ -154,14 +154,15 @@ impl Client {
             .map_err(|e| describe(&format!("update the {field} of sandbox {id}"), e))
     }
 
-    /// Sets (Some) or removes (None) label `key` on the container record.
+    /// Sets (Some) or removes (None) label `key` on the container record, and only that label
+    /// (the shim sets others, such as the lifetime's end, at the same time).
     pub fn set_container_label(&self, id: &str, key: &str, value: Option<&str>) -> Result<()> {
         let mut c = self.container(id)?;
         match value {
             Some(v) => c.labels.insert(key.to_string(), v.to_string()),
             None => c.labels.remove(key),
         };
-        self.update_container(c, "labels")
+        self.update_container(c, &format!("labels.{key}"))
     }
 
     pub fn containers(&self) -> Result<Vec<Container>> {
@@ -385,10 +386,19 @@ impl Client {
             .map_err(|e| describe(&format!("root filesystem of {}", c.id), e))?
             .into_inner()
             .mounts;
+        // A sandbox whose init has a terminal keeps one (with no client attached, the shim
+        // drains it): its processes were made on a terminal and go on expecting one.
+        let terminal = c
+            .spec
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.value).ok())
+            .and_then(|s| s["process"]["terminal"].as_bool())
+            .unwrap_or(false);
         let req = self.req(CreateTaskRequest {
             container_id: c.id.clone(),
             rootfs: mounts,
             checkpoint: checkpoint.cloned(),
+            terminal,
             ..Default::default()
         });
         self.rt

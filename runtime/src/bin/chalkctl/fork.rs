@@ -17,8 +17,12 @@ use crate::{
 };
 
 const CHECKPOINT_SPEC: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
-/// Set on every fork: the snapshot it came from.
+/// Set on every fork: the snapshot it came from (its parent snapshot).
 pub const FORKED_FROM: &str = "chalk.io/forked-from";
+/// Set on every fork: the sandbox that snapshot was taken of (its parent sandbox).
+pub const PARENT_SANDBOX: &str = "chalk.io/parent-sandbox-id";
+/// containerd's garbage collector keeps the content a container's label names.
+const BASE_IMAGE_REF: &str = "containerd.io/gc.ref.content.chalk-base";
 
 /// One fork's outcome.
 pub struct Forked {
@@ -42,6 +46,8 @@ pub(crate) struct Parts {
     /// the other containers of its pod, recreated in each fork.
     source: String,
     members: Vec<PodMember>,
+    /// What the forks change of the source's lifetime.
+    lifetime: ForkOptions,
     spec: prost_types::Any,
     snapshotter: String,
     image: String,
@@ -97,20 +103,30 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
         chain_id: image_config(client, &base)?.1,
         source: String::new(),
         members: Vec::new(),
+        lifetime: ForkOptions::default(),
         checkpoint,
         spec,
         snapshotter: note("io.containerd.checkpoint.snapshotter"),
-        image: note("org.opencontainers.image.ref.name"),
+        // Snapshots of forks before this build recorded the pinned reference.
+        image: {
+            let name = note("org.opencontainers.image.ref.name");
+            snapshots::pinned(&name).map_or(name.clone(), |(n, _)| n.to_string())
+        },
         base,
     })
 }
 
-/// The pod containers the snapshot's manifest records (none for a plain sandbox).
-fn pod_members(client: &Client, checkpoint: &str) -> Result<Vec<PodMember>> {
-    let Some(text) = snapshots::tar_entry(client, checkpoint, "chalk.manifest.json")? else {
-        return Ok(Vec::new());
-    };
-    let m: Value = serde_json::from_slice(&text).map_err(|e| format!("the manifest: {e}"))?;
+/// The snapshot's manifest, read from its checkpoint (Null for a checkpoint without one,
+/// which the shim refuses at restore).
+fn manifest(client: &Client, checkpoint: &str) -> Result<Value> {
+    match snapshots::tar_entry(client, checkpoint, "chalk.manifest.json")? {
+        Some(text) => serde_json::from_slice(&text).map_err(|e| format!("the manifest: {e}")),
+        None => Ok(Value::Null),
+    }
+}
+
+/// The pod containers a manifest records (none for a plain sandbox).
+fn pod_members(m: &Value) -> Result<Vec<PodMember>> {
     m["extra"]["pod"]["containers"]
         .as_array()
         .into_iter()
@@ -132,6 +148,19 @@ fn pod_members(client: &Client, checkpoint: &str) -> Result<Vec<PodMember>> {
             Ok(member)
         })
         .collect()
+}
+
+/// How much host memory one restore of the snapshot takes: the sandbox's memory when it was
+/// taken, as the manifest records it, else the size of its checkpoint files.
+pub fn memory_of(m: &Value) -> u64 {
+    m["memory_bytes"].as_u64().unwrap_or_else(|| {
+        m["files"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["size"].as_u64())
+            .sum()
+    })
 }
 
 /// An image's config (for this platform's manifest when the image is an index) and the
@@ -183,13 +212,25 @@ pub fn fork_ids(id: Option<&str>, sandbox: &str, stamp: &str, count: usize) -> V
     }
 }
 
-/// Forks snapshot `query` into `count` running sandboxes, made concurrently and each reported
-/// on its own: one that fails is removed and does not undo the others.
+/// What a fork may change of its source (the rest it inherits).
+#[derive(Default, Clone)]
+pub struct ForkOptions {
+    /// A lifetime of its own instead of the source's (`chalk.io/lifetime`).
+    pub lifetime: Option<String>,
+    /// What happens when it ends (`chalk.io/on-timeout`).
+    pub on_timeout: Option<String>,
+    /// Fork even where the host's available memory looks too small for every copy.
+    pub force: bool,
+}
+
+/// Forks snapshot `query` into `count` running sandboxes, made by a pool sized to the host
+/// and each reported on its own: one that fails is removed and does not undo the others.
 pub fn fork(
     client: &mut Client,
     query: &str,
     id: Option<&str>,
     count: usize,
+    opts: &ForkOptions,
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
     if count == 0 {
@@ -215,52 +256,102 @@ pub fn fork(
     }
     let mut p = parts(client, &snap.digest)?;
     p.source = snap.sandbox_id.clone();
-    p.members = pod_members(client, &p.checkpoint.digest)?;
-    progress.step(&format!(
-        "snapshot {} of {} verified; forking {count}",
-        short(&snap.digest),
-        snap.sandbox_id
-    ));
+    let m = manifest(client, &p.checkpoint.digest)?;
+    p.members = pod_members(&m)?;
+    p.lifetime = opts.clone();
+    check_memory(memory_of(&m), count, host_available_memory(), opts.force)?;
     let stamp: String = snapshots::now()
         .chars()
         .filter(char::is_ascii_digit)
         .collect();
+    let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
+    for new in &ids {
+        chalk_runtime::ids::container_id(new).map_err(|e| e.to_string())?;
+    }
+    let workers = pool_size(count);
+    progress.step(&format!(
+        "snapshot {} of {} verified; forking {count} ({workers} at a time)",
+        short(&snap.digest),
+        snap.sandbox_id
+    ));
     client.lease(&format!("chalkctl-fork-{stamp}"))?;
     let client = &*client;
     let p = &p;
     let digest = snap.digest.as_str();
-    // All at once: each restore is mostly runsc's own work, and independent.
-    let out = std::thread::scope(|s| {
-        let running: Vec<_> = fork_ids(id, &snap.sandbox_id, &stamp, count)
-            .into_iter()
-            .map(|new| {
-                s.spawn(move || {
-                    let started = Instant::now();
-                    progress.step(&format!("restoring {new} ..."));
-                    let pid = one(client, p, &new, digest);
-                    match &pid {
-                        Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
-                        Err(e) => {
-                            progress.step(&format!("{new} failed: {e}"));
-                            client.kill_and_delete_task(&new);
-                            client.delete_container(&new);
-                            client.remove_snapshot(&p.snapshotter, &new);
-                        }
-                    }
-                    Forked {
-                        id: new,
-                        pid,
-                        elapsed_ms: started.elapsed().as_millis() as u64,
-                    }
-                })
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|h| h.join().expect("a fork thread panicked"))
-            .collect::<Vec<_>>()
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: std::sync::Mutex<Vec<Option<Forked>>> =
+        std::sync::Mutex::new((0..count).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(new) = ids.get(i) else { break };
+                let forked = fork_one(client, p, new, digest, progress);
+                done.lock().unwrap()[i] = Some(forked);
+            });
+        }
     });
-    Ok(out)
+    Ok(done.into_inner().unwrap().into_iter().flatten().collect())
+}
+
+/// Makes fork `new` and reports it; one that fails is removed, whatever it got to.
+fn fork_one(client: &Client, p: &Parts, new: &str, digest: &str, progress: &Progress) -> Forked {
+    let started = Instant::now();
+    progress.step(&format!("restoring {new} ..."));
+    let pid = one(client, p, new, digest);
+    match &pid {
+        Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
+        Err(e) => {
+            progress.step(&format!("{new} failed: {e}"));
+            client.kill_and_delete_task(new);
+            client.delete_container(new);
+            client.remove_snapshot(&p.snapshotter, new);
+        }
+    }
+    Forked {
+        id: new.to_string(),
+        pid,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
+/// How many forks are made at once: a restore is mostly runsc's own CPU work, so about one
+/// per core (two at least: each also waits on containerd), never more than asked for.
+pub fn pool_size(count: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    count.min(cores.max(2))
+}
+
+/// The host's available memory (MemAvailable), None when /proc/meminfo does not say.
+fn host_available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Refuses `count` forks of a snapshot whose restore takes `each` bytes when the host has
+/// less memory available than all of them need (each fork is a full copy of its memory).
+pub fn check_memory(each: u64, count: usize, available: Option<u64>, force: bool) -> Result<()> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    let need = each.saturating_mul(count as u64);
+    if force || need <= available {
+        return Ok(());
+    }
+    Err(format!(
+        "{count} forks of this snapshot need about {count} x {} = {} of memory (each fork is \
+         a full copy of the sandbox's memory), but this host has {} available (MemAvailable): \
+         fork fewer, free memory, or pass --force to fork anyway",
+        snapshots::megabytes(each),
+        snapshots::megabytes(need),
+        snapshots::megabytes(available)
+    ))
 }
 
 fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
@@ -272,9 +363,10 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
     let is_pod = spec["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID].is_string();
     let pod = is_pod.then_some((p.source.as_str(), id));
     chalk_runtime::spec::fork_spec(&mut spec, &p.source, id, pod);
+    set_lifetime(&mut spec, &p.lifetime);
     // Pinned by digest: the restore checks this digest, whatever the tag says now.
     let image = format!("{}@{}", p.image, p.base.digest);
-    let container = fork_container(p, id, image, &spec, snapshot)?;
+    let container = fork_container(p, id, image, &p.base.digest, &spec, snapshot)?;
     client.create_container(container.clone())?;
     let pid = client.start_task(&container, Some(&p.checkpoint))?;
     // The sandbox waits for its pod's containers: starting each restores it into the
@@ -341,23 +433,47 @@ fn member(
     let mut spec = m.spec.clone();
     chalk_runtime::spec::fork_spec(&mut spec, &m.id, id, Some((&p.source, pod)));
     let image = format!("{}@{}", m.image, target.digest);
-    let container = fork_container(p, id, image, &spec, snapshot)?;
+    let container = fork_container(p, id, image, &target.digest, &spec, snapshot)?;
     client.create_container(container.clone())?;
     client.start_task(&container, None).map(drop)
 }
 
+/// Replaces the lifetime annotations a fork inherits with the ones asked for.
+fn set_lifetime(spec: &mut Value, opts: &ForkOptions) {
+    use chalk_runtime::lifetime::{LIFETIME_ANNOTATION, ON_TIMEOUT_ANNOTATION};
+    for (key, value) in [
+        (LIFETIME_ANNOTATION, &opts.lifetime),
+        (ON_TIMEOUT_ANNOTATION, &opts.on_timeout),
+    ] {
+        if let Some(v) = value {
+            if !spec["annotations"].is_object() {
+                spec["annotations"] = serde_json::json!({});
+            }
+            spec["annotations"][key] = v.clone().into();
+        }
+    }
+}
+
 /// The container record of fork container `id`: this runtime, `spec`, `image` (by digest),
-/// its own root filesystem snapshot, labelled with the snapshot it came from.
+/// its own root filesystem snapshot, labelled with where it came from (the snapshot and the
+/// sandbox it was taken of). The label on `base` keeps the image's content from containerd's
+/// garbage collector for as long as the fork exists, even once its snapshot is deleted and
+/// the tag moved: a later snapshot of the fork restores onto it.
 fn fork_container(
     p: &Parts,
     id: &str,
     image: String,
+    base: &str,
     spec: &Value,
     snapshot: &str,
 ) -> Result<Container> {
     Ok(Container {
         id: id.to_string(),
-        labels: HashMap::from([(FORKED_FROM.to_string(), snapshot.to_string())]),
+        labels: HashMap::from([
+            (FORKED_FROM.to_string(), snapshot.to_string()),
+            (PARENT_SANDBOX.to_string(), p.source.clone()),
+            (BASE_IMAGE_REF.to_string(), base.to_string()),
+        ]),
         image,
         runtime: Some(Runtime {
             name: RUNTIME.into(),

@@ -7,6 +7,7 @@ mod progress;
 mod run;
 mod sandboxes;
 mod snapshots;
+mod tree;
 
 use std::process::ExitCode;
 
@@ -62,6 +63,8 @@ enum Command {
         /// The snapshotter the image is unpacked for.
         #[arg(long, default_value = "overlayfs")]
         snapshotter: String,
+        #[command(flatten)]
+        lifetime: LifetimeArgs,
         /// The command, replacing the image's (after --).
         #[arg(last = true)]
         cmd: Vec<String>,
@@ -69,15 +72,44 @@ enum Command {
     /// The snapshot registry.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
-    /// New running sandboxes from a snapshot, each reported on its own.
+    /// New running sandboxes from a snapshot (--snapshot-id), or from a running sandbox
+    /// (--id: snapshotted, forked, and the snapshot deleted once the forks run), each
+    /// reported on its own.
     Fork {
-        #[arg(long)]
-        snapshot_id: String,
-        /// The new sandbox's id (with --count N: ID-1 .. ID-N).
+        /// The snapshot to fork.
+        #[arg(long, required_unless_present = "id")]
+        snapshot_id: Option<String>,
+        /// The running sandbox to fork (instead of --snapshot-id).
         #[arg(long)]
         id: Option<String>,
+        /// The new sandbox's id (with --count N: ID-1 .. ID-N); `<source>-fork-<time>` by
+        /// default.
+        #[arg(long)]
+        fork_id: Option<String>,
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// With --id: keep the snapshot taken for the fork.
+        #[arg(long)]
+        keep_snapshot: bool,
+        /// Fork even when the host's available memory looks too small for every copy.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        lifetime: LifetimeArgs,
+    },
+    /// The fork tree: every sandbox under the one it was forked from, with its status (the
+    /// tree below --id only, when given).
+    Tree {
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// What the shim runs when a sandbox's lifetime ends: destroy or suspend it.
+    #[command(hide = true)]
+    Expire {
+        #[arg(long)]
+        id: String,
+        #[arg(long, value_parser = ["destroy", "suspend"])]
+        action: String,
     },
     /// Sandboxes of this runtime with their status and snapshots (stopped ones with --all).
     List {
@@ -99,6 +131,23 @@ enum Command {
         #[arg(long)]
         id: String,
     },
+}
+
+/// A sandbox's lifetime (`run`; `fork` overrides the one its forks inherit).
+#[derive(clap::Args, Clone)]
+struct LifetimeArgs {
+    /// How long the sandbox may run, from each start or resume (e.g. 600s, 10m, 1h30m);
+    /// the `chalk.io/lifetime` annotation.
+    #[arg(long, value_parser = parse_lifetime)]
+    lifetime: Option<String>,
+    /// What happens when the lifetime ends: destroy (the default) or suspend; the
+    /// `chalk.io/on-timeout` annotation.
+    #[arg(long, value_parser = ["destroy", "suspend"], requires = "lifetime")]
+    on_timeout: Option<String>,
+}
+
+fn parse_lifetime(s: &str) -> Result<String, String> {
+    chalk_runtime::lifetime::parse_duration(s).map(|_| s.to_string())
 }
 
 #[derive(Subcommand)]
@@ -251,9 +300,64 @@ fn run(cli: &Cli) -> Result<Value, String> {
         Command::Fork {
             snapshot_id,
             id,
+            fork_id,
             count,
+            keep_snapshot,
+            force,
+            lifetime,
         } => {
-            let forks = fork::fork(&mut client, snapshot_id, id.as_deref(), *count, &progress)?;
+            let opts = fork::ForkOptions {
+                lifetime: lifetime.lifetime.clone(),
+                on_timeout: lifetime.on_timeout.clone(),
+                force: *force,
+            };
+            let (forks, snapshot) = match (snapshot_id, id) {
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "--id names a running sandbox to fork, --snapshot-id a snapshot \
+                                to fork: give one (name the new sandbox with --fork-id)"
+                            .into(),
+                    )
+                }
+                (Some(query), None) => {
+                    let forks = fork::fork(
+                        &mut client,
+                        query,
+                        fork_id.as_deref(),
+                        *count,
+                        &opts,
+                        &progress,
+                    )?;
+                    (forks, None)
+                }
+                (None, Some(source)) => {
+                    let snap =
+                        snapshots::create(&mut client, source, Vec::new(), false, &progress)?;
+                    let forks = fork::fork(
+                        &mut client,
+                        &snap.digest,
+                        fork_id.as_deref(),
+                        *count,
+                        &opts,
+                        &progress,
+                    );
+                    if !keep_snapshot {
+                        // Whatever became of the forks: it holds the sandbox's memory.
+                        match snapshots::delete(&client, &snap) {
+                            Ok(()) => progress.step(&format!(
+                                "deleted the intermediate snapshot {}",
+                                fork::short(&snap.digest)
+                            )),
+                            Err(e) => eprintln!(
+                                "chalkctl: the intermediate snapshot {} was kept: {e}",
+                                snap.digest
+                            ),
+                        }
+                    }
+                    (forks?, Some((snap.digest, *keep_snapshot)))
+                }
+                (None, None) => return Err("give --snapshot-id or --id".into()),
+            };
             let failed = forks.iter().filter(|f| f.pid.is_err()).count();
             if table {
                 println!("{:<40} {:<10} {:<10} ERROR", "SANDBOX", "PID", "TIME");
@@ -275,14 +379,18 @@ fn run(cli: &Cli) -> Result<Value, String> {
                     progress.elapsed()
                 );
             }
-            let out = json!({
+            let mut out = json!({
                 "forks": forks.iter().map(|f| json!({
                     "id": f.id,
                     "pid": f.pid.as_ref().ok(),
                     "error": f.pid.as_ref().err(),
                     "elapsed_ms": f.elapsed_ms,
                 })).collect::<Vec<_>>(),
+                "elapsed_ms": progress.elapsed_ms(),
             });
+            if let Some((digest, kept)) = snapshot {
+                out["snapshot"] = json!({"id": digest, "kept": kept});
+            }
             if failed > 0 {
                 if cli.output == Output::Json {
                     println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
@@ -291,14 +399,35 @@ fn run(cli: &Cli) -> Result<Value, String> {
             }
             Ok(out)
         }
+        Command::Tree { id } => {
+            let forest = tree::forest(&client, id.as_deref())?;
+            if table {
+                for line in tree::draw(&forest) {
+                    println!("{line}");
+                }
+            }
+            Ok(json!({"tree": forest.iter().map(tree::to_json).collect::<Vec<_>>()}))
+        }
+        Command::Expire { id, action } => {
+            let outcome = sandboxes::expire(&mut client, id, action, &progress)?;
+            Ok(json!({"id": id, "action": action, "outcome": outcome}))
+        }
         Command::Run {
             image,
             id,
             snapshotter,
+            lifetime,
             cmd,
         } => {
             let pid = progress.during(&format!("starting {id}"), || {
-                run::run(&mut client, image, id, snapshotter, cmd)
+                run::run(
+                    &mut client,
+                    image,
+                    id,
+                    snapshotter,
+                    (lifetime.lifetime.as_deref(), lifetime.on_timeout.as_deref()),
+                    cmd,
+                )
             })?;
             if table {
                 println!("{id} running (pid {pid}) in {}", progress.elapsed());
@@ -310,16 +439,17 @@ fn run(cli: &Cli) -> Result<Value, String> {
             let sandboxes = sandboxes::list(&client, *all)?;
             if table {
                 println!(
-                    "{:<32} {:<10} {:<8} {:<10} IMAGE",
-                    "SANDBOX", "STATUS", "PID", "SNAPSHOTS"
+                    "{:<32} {:<10} {:<8} {:<10} {:<24} IMAGE",
+                    "SANDBOX", "STATUS", "PID", "SNAPSHOTS", "PARENT"
                 );
                 for s in &sandboxes {
                     println!(
-                        "{:<32} {:<10} {:<8} {:<10} {}",
+                        "{:<32} {:<10} {:<8} {:<10} {:<24} {}",
                         s["id"].as_str().unwrap_or_default(),
                         s["status"].as_str().unwrap_or_default(),
                         plain(&s["pid"]),
                         s["snapshots"].as_array().map_or(0, Vec::len),
+                        plain(&s["parent_sandbox_id"]),
                         s["image"].as_str().unwrap_or_default()
                     );
                 }

@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
-use chalk_runtime::spec::strings;
+use chalk_runtime::{
+    lifetime::{Lifetime, LIFETIME_ANNOTATION, ON_TIMEOUT_ANNOTATION},
+    spec::strings,
+};
 use containerd_client::services::v1::{container::Runtime, Container};
 use serde_json::{json, Value};
 
@@ -34,8 +37,14 @@ const DEFAULT_CAPS: [&str; 14] = [
 ];
 
 /// The OCI spec for `id` from the image `config` (its `config` section: Entrypoint, Cmd, Env,
-/// WorkingDir), with `cmd` replacing the image's Cmd when given.
-pub fn spec(id: &str, config: &Value, cmd: &[String]) -> Result<Value> {
+/// WorkingDir), with `cmd` replacing the image's Cmd when given, and `lifetime` (its length
+/// and what happens at its end) as the annotations the shim reads.
+pub fn spec(
+    id: &str,
+    config: &Value,
+    lifetime: (Option<&str>, Option<&str>),
+    cmd: &[String],
+) -> Result<Value> {
     let c = &config["config"];
     let mut args = strings(&c["Entrypoint"]);
     if cmd.is_empty() {
@@ -55,7 +64,14 @@ pub fn spec(id: &str, config: &Value, cmd: &[String]) -> Result<Value> {
         .filter(|w| !w.is_empty())
         .unwrap_or("/");
     let tmpfs = |dest: &str, source: &str, opts: &[&str]| json!({"destination": dest, "type": "tmpfs", "source": source, "options": opts});
-    Ok(json!({
+    let mut annotations = serde_json::Map::new();
+    if let Some(l) = lifetime.0 {
+        annotations.insert(LIFETIME_ANNOTATION.into(), l.into());
+    }
+    if let Some(o) = lifetime.1 {
+        annotations.insert(ON_TIMEOUT_ANNOTATION.into(), o.into());
+    }
+    let spec = json!({
         "ociVersion": "1.1.0",
         "root": {"path": "rootfs"},
         "hostname": id,
@@ -92,7 +108,11 @@ pub fn spec(id: &str, config: &Value, cmd: &[String]) -> Result<Value> {
             "readonlyPaths": ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq",
                               "/proc/sys", "/proc/sysrq-trigger"],
         },
-    }))
+        "annotations": annotations,
+    });
+    // The shim would refuse it at Create: say so before anything is made.
+    Lifetime::of_spec(&spec)?;
+    Ok(spec)
 }
 
 /// Runs `cmd` (or the image's command) from `image` as sandbox `id`; returns its pid.
@@ -101,6 +121,7 @@ pub fn run(
     image: &str,
     id: &str,
     snapshotter: &str,
+    lifetime: (Option<&str>, Option<&str>),
     cmd: &[String],
 ) -> Result<u32> {
     chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
@@ -109,7 +130,7 @@ pub fn run(
         .target
         .ok_or_else(|| format!("image {image} has no target"))?;
     let (config, chain_id) = image_config(client, &target)?;
-    let spec = spec(id, &config, cmd)?;
+    let spec = spec(id, &config, lifetime, cmd)?;
     client.lease(&format!("chalkctl-run-{id}"))?;
     client
         .prepare_snapshot(snapshotter, id, &chain_id)
@@ -151,12 +172,14 @@ mod tests {
     fn command_comes_from_the_image_unless_given() {
         let config = json!({"config": {"Entrypoint": ["/bin/ep"], "Cmd": ["a"],
                                        "Env": ["X=1"], "WorkingDir": "/w"}});
-        let s = spec("c1", &config, &[]).unwrap();
+        let s = spec("c1", &config, (None, None), &[]).unwrap();
         assert_eq!(s["process"]["args"], json!(["/bin/ep", "a"]));
         assert_eq!(s["process"]["cwd"], "/w");
         assert!(s["process"]["env"].to_string().contains("PATH="));
-        let s = spec("c1", &config, &["b".into()]).unwrap();
+        let s = spec("c1", &config, (Some("10m"), Some("suspend")), &["b".into()]).unwrap();
         assert_eq!(s["process"]["args"], json!(["/bin/ep", "b"]));
-        assert!(spec("c1", &json!({}), &[]).is_err());
+        assert_eq!(s["annotations"][LIFETIME_ANNOTATION], "10m");
+        assert_eq!(s["annotations"][ON_TIMEOUT_ANNOTATION], "suspend");
+        assert!(spec("c1", &json!({}), (None, None), &[]).is_err());
     }
 }

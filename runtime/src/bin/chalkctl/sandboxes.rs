@@ -1,9 +1,17 @@
-//! `chalkctl list` and `get`: the sandboxes of this runtime, their status and snapshots.
+//! `chalkctl list`, `get` and `expire`: the sandboxes of this runtime, their status, lineage,
+//! lifetime and snapshots, and what happens when a lifetime ends.
 
+use chalk_runtime::{
+    lifetime::{self, Lifetime, EXPIRES_AT_LABEL},
+    snapshot::manifest::rfc3339_secs,
+};
+use containerd_client::services::v1::Container;
 use serde_json::{json, Value};
 
 use crate::{
     client::{runtime_name, Client, Result},
+    fork::{FORKED_FROM, PARENT_SANDBOX},
+    progress::Progress,
     snapshots::{self, RUNTIME, SUSPENDED_FROM},
 };
 
@@ -25,6 +33,12 @@ pub fn list(client: &Client, all: bool) -> Result<Vec<Value>> {
 }
 
 pub fn get(client: &Client, id: &str) -> Result<Value> {
+    let c = chalk_container(client, id)?;
+    describe(client, &c, &snapshots::all(client)?)
+}
+
+/// Container `id`, refused unless it runs with this runtime.
+fn chalk_container(client: &Client, id: &str) -> Result<Container> {
     let c = client.container(id)?;
     if runtime_name(&c) != RUNTIME {
         return Err(format!(
@@ -32,12 +46,27 @@ pub fn get(client: &Client, id: &str) -> Result<Value> {
             runtime_name(&c)
         ));
     }
-    describe(client, &c, &snapshots::all(client)?)
+    Ok(c)
+}
+
+/// The spec of a container record (Null when it has none or it is not JSON).
+pub fn spec_of(c: &Container) -> Value {
+    c.spec
+        .as_ref()
+        .and_then(|s| serde_json::from_slice(&s.value).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Seconds since the epoch, now.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn describe(
     client: &Client,
-    c: &containerd_client::services::v1::Container,
+    c: &Container,
     snaps: &[chalk_runtime::registry::Snapshot],
 ) -> Result<Value> {
     let task = client.task_status(&c.id)?;
@@ -51,12 +80,50 @@ fn describe(
         .filter(|s| s.sandbox_id == c.id)
         .map(snapshots::to_json)
         .collect();
-    Ok(json!({
+    let mut v = json!({
         "id": c.id,
         "status": status,
         "pid": task.as_ref().map(|(_, pid)| *pid),
         "image": c.image,
+        "parent_sandbox_id": c.labels.get(PARENT_SANDBOX),
+        "parent_snapshot_id": c.labels.get(FORKED_FROM),
         "suspended_from": c.labels.get(SUSPENDED_FROM),
         "snapshots": mine,
-    }))
+    });
+    // A lifetime counts from each start; only a running sandbox has time left.
+    if let Ok(Some(l)) = Lifetime::of_spec(&spec_of(c)) {
+        v["lifetime"] = lifetime::format_duration(l.duration).into();
+        v["on_timeout"] = l.on_timeout.as_str().into();
+        let running = matches!(status.as_str(), "running" | "paused" | "created");
+        if let Some(at) = c.labels.get(EXPIRES_AT_LABEL).filter(|_| running) {
+            v["expires_at"] = at.clone().into();
+            if let Some(end) = rfc3339_secs(at) {
+                v["time_left"] = format!("{}s", end.saturating_sub(now_secs())).into();
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// What the shim asks for when sandbox `id`'s lifetime is up: suspend it (a snapshot the
+/// same as `chalkctl suspend` takes, labelled reason=lifetime) or destroy it (its task
+/// killed and deleted, the container and its root filesystem removed).
+pub fn expire(client: &mut Client, id: &str, action: &str, progress: &Progress) -> Result<Value> {
+    let c = chalk_container(client, id)?;
+    match action {
+        "suspend" => {
+            let labels = vec![("reason".to_string(), "lifetime".to_string())];
+            let snap = snapshots::create(client, id, labels, true, progress)?;
+            Ok(json!({"status": "suspended", "snapshot": snap.digest}))
+        }
+        _ => {
+            client.kill_and_delete_task(id);
+            if client.task_status(id)?.is_some() {
+                return Err(format!("sandbox {id}: its task could not be deleted"));
+            }
+            client.delete_container(id);
+            client.remove_snapshot(&c.snapshotter, &c.snapshot_key);
+            Ok(json!({"status": "destroyed"}))
+        }
+    }
 }

@@ -56,10 +56,7 @@ pub fn begin(
             "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
         ));
     }
-    let base = client
-        .image(&container.image)?
-        .target
-        .ok_or_else(|| format!("image {} has no target", container.image))?;
+    let (image, base) = base_image(client, &container.image)?;
     let created = now();
     let snap = Snapshot {
         name: registry::record_name(id, &created),
@@ -68,15 +65,53 @@ pub fn begin(
         status,
         created,
         error: None,
-        base_image: Some(format!("{}@{}", container.image, base.digest)),
+        base_image: Some(format!("{image}@{}", base.digest)),
         labels: labels.into_iter().collect(),
     };
     client.create_image(record(&snap, base.clone()))?;
-    Ok(Begun {
-        snap,
-        image: container.image,
-        base,
-    })
+    Ok(Begun { snap, image, base })
+}
+
+/// The image a sandbox runs, as the name a snapshot records and the descriptor of its
+/// manifest (or index). A fork's container names its image by digest (`name@sha256:...`,
+/// no image record has that name): the digest is the descriptor, read from the content
+/// store, whatever the tag says now.
+pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descriptor)> {
+    let Some((name, digest)) = pinned(reference) else {
+        let target = client
+            .image(reference)?
+            .target
+            .ok_or_else(|| format!("image {reference} has no target"))?;
+        return Ok((reference.to_string(), target));
+    };
+    // Verified against its digest on the way, like every blob chalkctl reads.
+    let blob = client.read_blob(digest).map_err(|e| {
+        format!("image {reference}: its manifest is not in containerd's content store ({e})")
+    })?;
+    let manifest: Value = serde_json::from_slice(&blob)
+        .map_err(|e| format!("image {reference}: its manifest is not JSON: {e}"))?;
+    let media_type = match manifest["mediaType"].as_str() {
+        Some(t) => t.to_string(),
+        // OCI lets a manifest leave its own type out: an index lists manifests.
+        None if manifest["manifests"].is_array() => INDEX.to_string(),
+        None => "application/vnd.oci.image.manifest.v1+json".to_string(),
+    };
+    Ok((
+        name.to_string(),
+        Descriptor {
+            media_type,
+            digest: digest.to_string(),
+            size: blob.len() as i64,
+            annotations: HashMap::new(),
+        },
+    ))
+}
+
+/// `(name, digest)` of a reference pinned by digest (`name@sha256:<64 hex>`).
+pub fn pinned(reference: &str) -> Option<(&str, &str)> {
+    let (name, digest) = reference.rsplit_once('@')?;
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some((name, digest))
 }
 
 /// Picks up a `pending` snapshot by its record name (what `--no-wait` leaves behind).

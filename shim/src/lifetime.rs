@@ -1,0 +1,113 @@
+//! The timer of a sandbox's lifetime. It lives in the shim: the shim lives exactly as long as
+//! the sandbox (and survives containerd's restarts, which a client's timer would not, while a
+//! timer in containerd does not exist). When the time is up, the shim asks `chalkctl expire`
+//! to destroy or suspend the sandbox, through containerd like any client, so the registry,
+//! containerd's records and the snapshot are what `chalkctl suspend` would make. If that
+//! cannot be done, the shim kills the sandbox itself: a lifetime is a bound on compute.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use chalk_runtime::{
+    lifetime::{Lifetime, EXPIRES_AT_LABEL},
+    runsc::Spawner,
+    snapshot::manifest::rfc3339_at,
+};
+
+use crate::{container::Container, reaper::ReaperSpawner, task::TaskService};
+
+/// How often the expiry is attempted through chalkctl before the shim kills the sandbox.
+const ATTEMPTS: u32 = 3;
+/// Between attempts (containerd may be restarting).
+const RETRY: Duration = Duration::from_secs(5);
+
+/// chalkctl, installed beside the shim (the installer and the package put both in one
+/// directory); else the one on PATH.
+fn chalkctl() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("chalkctl")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("chalkctl"))
+}
+
+/// Starts the timer of `c`, which has just started (or been restored) with `lifetime`.
+pub fn watch(service: &TaskService, c: &Arc<Container>, lifetime: Lifetime) {
+    let exit = c.state.lock().unwrap().init.exit.clone();
+    let ends = SystemTime::now() + lifetime.duration;
+    let ends_secs = ends
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let id = c.id.clone();
+    let (service, c) = (service.clone(), c.clone());
+    std::thread::Builder::new()
+        .name("lifetime".into())
+        .spawn(move || {
+            // For `chalkctl get`; the timer itself does not depend on it.
+            let at = rfc3339_at(ends_secs);
+            if let Err(e) = crate::containerd::set_label(
+                service.containerd_address(),
+                service.namespace(),
+                &c.id,
+                EXPIRES_AT_LABEL,
+                &at,
+            ) {
+                log::warn!(
+                    "container {}: lifetime ends at {at}, not recorded: {e}",
+                    c.id
+                );
+            }
+            let left = ends.duration_since(SystemTime::now()).unwrap_or_default();
+            if exit.wait_timeout(left).is_some() {
+                return; // ended (or suspended) before its time
+            }
+            expire(&service, &c, lifetime);
+        })
+        .map(drop)
+        .unwrap_or_else(|e| log::error!("container {id}: no lifetime timer: {e}"));
+}
+
+fn expire(service: &TaskService, c: &Container, lifetime: Lifetime) {
+    let action = lifetime.on_timeout.as_str();
+    log::info!("container {}: lifetime over: {action}", c.id);
+    let exit = c.state.lock().unwrap().init.exit.clone();
+    let log_file = c.bundle.join(".expire.log");
+    for attempt in 1..=ATTEMPTS {
+        let outcome = std::fs::File::create(&log_file).and_then(|log| {
+            let mut cmd = Command::new(chalkctl());
+            cmd.args(["--address", service.containerd_address()])
+                .args(["--namespace", service.namespace()])
+                .args(["expire", "--id", &c.id, "--action", action])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log);
+            ReaperSpawner.spawn(&mut cmd)?.wait()
+        });
+        let said = std::fs::read_to_string(&log_file).unwrap_or_default();
+        let _ = std::fs::remove_file(&log_file);
+        match outcome {
+            Ok(0) => return,
+            Ok(status) => log::warn!(
+                "container {}: chalkctl expire ({action}), attempt {attempt}: exit {status}: {}",
+                c.id,
+                said.trim()
+            ),
+            Err(e) => log::warn!(
+                "container {}: chalkctl expire ({action}), attempt {attempt}: {e}",
+                c.id
+            ),
+        }
+        if exit.wait_timeout(RETRY).is_some() {
+            return; // gone meanwhile (a suspend that did finish, or someone else)
+        }
+    }
+    log::error!(
+        "container {}: its lifetime is over and it could not be {action}ed: killing it",
+        c.id
+    );
+    service.kill_sandbox(c);
+}
