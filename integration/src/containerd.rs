@@ -225,13 +225,15 @@ impl Containerd {
         self.wait_ready(Duration::from_secs(30))
     }
 
-    /// The directories containerd unpacked checkpoints into (`ctrd-checkpoint*` in its
-    /// temporary directory, the default one: this instance sets none) since it started, with
-    /// the bytes each still holds: what a restore left behind.
+    /// The directories containerd unpacked checkpoints of this instance's namespace into
+    /// (`ctrd-checkpoint*` in its temporary directory, the default one: this instance sets
+    /// none) since it started, with the bytes each still holds: what restores left behind. One
+    /// whose manifest is gone (half removed) counts too.
     pub fn unpacked_checkpoints(&self) -> Vec<(PathBuf, u64)> {
-        let temp = std::env::var_os("XDG_RUNTIME_DIR")
-            .or_else(|| std::env::var_os("TMPDIR"))
-            .filter(|v| !v.is_empty())
+        // As containerd picks it (Go's os.MkdirTemp with $XDG_RUNTIME_DIR).
+        let temp = ["XDG_RUNTIME_DIR", "TMPDIR"]
+            .iter()
+            .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
             .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
         let since = self.started - Duration::from_secs(1);
         fs::read_dir(&temp)
@@ -247,6 +249,11 @@ impl Containerd {
                 e.metadata()
                     .and_then(|m| m.modified())
                     .is_ok_and(|t| t >= since)
+            })
+            .filter(|e| {
+                let m = fs::read(e.path().join("chalk.manifest.json")).unwrap_or_default();
+                let m: serde_json::Value = serde_json::from_slice(&m).unwrap_or_default();
+                m.is_null() || m["source"]["namespace"] == self.namespace.as_str()
             })
             .map(|e| (e.path(), bytes_under(&e.path())))
             .collect()

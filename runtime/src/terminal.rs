@@ -178,7 +178,9 @@ pub enum SignalTarget {
 /// a group of its own, and pids grow, so the newest group is the job it waits for; the
 /// shell's own group is the foreground when it runs none (a process in raw mode, such as a
 /// shell at its prompt, reads its keys itself). Without groups: the newest child of the init
-/// with its descendants, else the init. `exclude` are the shim's own helpers.
+/// with its descendants, else the init. `exclude` are the shim's own helpers. The table says
+/// nothing of the terminal's own foreground group: a shell at its prompt with a job in the
+/// background reads as a shell waiting for that job, and the job gets the signal.
 pub fn foreground(rows: &[ProcRow], exclude: &[i32]) -> Option<SignalTarget> {
     let rows: Vec<&ProcRow> = rows.iter().filter(|r| !exclude.contains(&r.pid)).collect();
     let init = rows.iter().min_by_key(|r| r.pid)?;
@@ -298,6 +300,15 @@ mod tests {
             foreground(&[row(1, 0, Some(1)), row(30, 1, Some(30))], &[30]),
             Some(SignalTarget::Group(1))
         );
+    }
+
+    #[test]
+    fn a_background_job_is_taken_for_the_foreground_at_a_prompt() {
+        // The known limit of reading a process table with no terminal's foreground group in
+        // it: a shell waiting at its prompt with a job in the background (`sleep 100 &`)
+        // looks like a shell waiting for that job.
+        let rows = [row(1, 0, Some(1)), row(6, 1, Some(6))];
+        assert_eq!(foreground(&rows, &[]), Some(SignalTarget::Group(6)));
     }
 
     #[test]

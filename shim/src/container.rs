@@ -159,6 +159,12 @@ pub struct Container {
     pub gpu: Option<crate::gpu::Gpu>,
     /// Whether a checkpoint first checks its directory has room (`[snapshot]` options).
     pub check_free_space: bool,
+    /// Delivers the signals of its terminal's keys once it has been restored (see
+    /// `terminal.rs`); made once.
+    pub terminal_signals: std::sync::OnceLock<crate::io::TerminalSignals>,
+    /// Held while such a signal is delivered and while the sandbox is checkpointed: a helper
+    /// exec'd into the sandbox must not cross the 2022 runsc's in-place restore.
+    pub terminal_gate: Mutex<()>,
     /// How long it may run from each start, and what happens then (see `lifetime.rs`).
     pub lifetime: Option<chalk_runtime::lifetime::Lifetime>,
     pub state: Mutex<ContainerState>,

@@ -58,7 +58,7 @@ pub fn image_of(address: &str, namespace: &str, id: &str) -> Result<Option<Image
         }
         // A reference pinned by digest names its image by itself (what a restore by digest,
         // e.g. chalkctl's fork, records), whatever tags say now.
-        if let Some(digest) = pinned_digest(&container.image) {
+        if let Some((_, digest)) = ImageRef::pinned(&container.image) {
             return Ok(Some(ImageRef {
                 name: container.image.clone(),
                 digest: digest.to_string(),
@@ -102,28 +102,4 @@ pub fn set_label(address: &str, namespace: &str, id: &str, key: &str, value: &st
             .map(drop)
             .map_err(|e| failed(&format!("label {key} of container {id}"), &e.message()))
     })
-}
-
-/// The digest of a reference pinned by digest (`name@sha256:<64 hex>`).
-fn pinned_digest(reference: &str) -> Option<&str> {
-    let (_, digest) = reference.rsplit_once('@')?;
-    let hex = digest.strip_prefix("sha256:")?;
-    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(digest)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn references_pinned_by_digest_carry_their_digest() {
-        let d = format!("sha256:{}", "ab".repeat(32));
-        assert_eq!(
-            pinned_digest(&format!("docker.io/library/busybox@{d}")),
-            Some(d.as_str())
-        );
-        assert_eq!(pinned_digest("docker.io/library/busybox:latest"), None);
-        assert_eq!(pinned_digest("busybox@sha256:short"), None);
-        assert_eq!(pinned_digest("busybox@md5:abc"), None);
-    }
 }

@@ -478,7 +478,10 @@ pub fn reattach_console(
     signals: Option<TerminalSignals>,
 ) -> io::Result<ProcessIo> {
     if let Some(state) = previous.terminal_state() {
-        state.apply(&master)?;
+        // The sandbox runs already: a terminal without its settings beats none.
+        if let Err(e) = state.apply(&master) {
+            log::warn!("terminal settings not carried over: {e}");
+        }
     }
     let without_stdin = StdioPaths {
         stdin: String::new(),

@@ -14,7 +14,7 @@ use std::{
 
 use chalk_runtime::{
     lifetime::{Lifetime, EXPIRES_AT_LABEL},
-    runsc::Spawner,
+    runsc::{Child, Spawner},
     snapshot::manifest::rfc3339_at,
 };
 
@@ -24,6 +24,28 @@ use crate::{container::Container, reaper::ReaperSpawner, task::TaskService};
 const ATTEMPTS: u32 = 3;
 /// Between attempts (containerd may be restarting).
 const RETRY: Duration = Duration::from_secs(5);
+/// How long one attempt may take (a suspend writes the sandbox's memory).
+const EXPIRE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The exit status of `child`, which is killed if it runs past `timeout`.
+fn wait_for(mut child: Box<dyn Child>, timeout: Duration) -> std::io::Result<i32> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: kill(2) of the child this module started, not yet reaped.
+            unsafe { libc::kill(child.pid() as i32, libc::SIGKILL) };
+            child.wait()?;
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("chalkctl did not finish within {timeout:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// chalkctl, installed beside the shim (the installer and the package put both in one
 /// directory); else the one on PATH.
@@ -35,32 +57,32 @@ fn chalkctl() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("chalkctl"))
 }
 
-/// Starts the timer of `c`, which has just started (or been restored) with `lifetime`.
+/// Starts the timer of `c`, which has just started (or been restored) with `lifetime`. The
+/// label `chalkctl get` reads is set before Start returns, so none reads last run's end.
 pub fn watch(service: &TaskService, c: &Arc<Container>, lifetime: Lifetime) {
     let exit = c.state.lock().unwrap().init.exit.clone();
     let ends = SystemTime::now() + lifetime.duration;
     let ends_secs = ends
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let at = rfc3339_at(ends_secs);
+    if let Err(e) = crate::containerd::set_label(
+        service.containerd_address(),
+        service.namespace(),
+        &c.id,
+        EXPIRES_AT_LABEL,
+        &at,
+    ) {
+        log::warn!(
+            "container {}: lifetime ends at {at}, not recorded: {e}",
+            c.id
+        );
+    }
     let id = c.id.clone();
     let (service, c) = (service.clone(), c.clone());
     std::thread::Builder::new()
         .name("lifetime".into())
         .spawn(move || {
-            // For `chalkctl get`; the timer itself does not depend on it.
-            let at = rfc3339_at(ends_secs);
-            if let Err(e) = crate::containerd::set_label(
-                service.containerd_address(),
-                service.namespace(),
-                &c.id,
-                EXPIRES_AT_LABEL,
-                &at,
-            ) {
-                log::warn!(
-                    "container {}: lifetime ends at {at}, not recorded: {e}",
-                    c.id
-                );
-            }
             let left = ends.duration_since(SystemTime::now()).unwrap_or_default();
             if exit.wait_timeout(left).is_some() {
                 return; // ended (or suspended) before its time
@@ -85,7 +107,7 @@ fn expire(service: &TaskService, c: &Container, lifetime: Lifetime) {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log);
-            ReaperSpawner.spawn(&mut cmd)?.wait()
+            wait_for(ReaperSpawner.spawn(&mut cmd)?, EXPIRE_TIMEOUT)
         });
         let said = std::fs::read_to_string(&log_file).unwrap_or_default();
         let _ = std::fs::remove_file(&log_file);

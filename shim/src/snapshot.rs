@@ -244,6 +244,7 @@ impl TaskService {
 
     /// Checkpoint that leaves the source running, by the path this runsc needs.
     fn snapshot(&self, c: &Arc<Container>, dir: &Path) -> Result<()> {
+        let _no_terminal_helpers = c.terminal_gate.lock().unwrap();
         if c.features.leave_running() == LeaveRunning::RestoreAfter {
             // The source sandbox is about to be replaced: its execs end with it anyway.
             self.end_execs(c);
@@ -335,6 +336,7 @@ impl TaskService {
 
     /// Checkpoint, then let the sandbox end: its exit is reported as the init's.
     fn suspend(&self, c: &Arc<Container>, dir: &Path) -> Result<()> {
+        let _no_terminal_helpers = c.terminal_gate.lock().unwrap();
         self.end_execs(c);
         let (pid, exit) = {
             let st = c.state.lock().unwrap();

@@ -227,12 +227,15 @@ impl TaskService {
             .check_flags(&runsc.global().flags)
             .map_err(ShimError::InvalidArgument)?;
         // No network chosen: runsc's default (a network of the sandbox's own) where this
-        // runsc can have it on this host, else loopback only; tried once per binary and boot.
+        // runsc can have it on this host, else loopback only. Tried once per binary while the
+        // cache lasts (under the options' root: /run/chalk is a tmpfs, so once per boot).
         if !opts.runsc_config.contains_key("network") {
             if features.network_probe.is_none() {
                 let work = opts.root.join(format!(".probe-{}", std::process::id()));
-                features.network_probe = Some(chalk_runtime::runsc::probe::network(&runsc, &work)?);
-                disk.put(&binary, &features);
+                features.network_probe = chalk_runtime::runsc::probe::network(&runsc, &work)?;
+                if features.network_probe.is_some() {
+                    disk.put(&binary, &features);
+                }
                 if features.network_probe == Some(NetworkProbe::NoneOnly) {
                     log::warn!(
                         "{} cannot give sandboxes a network of their own on this host: they get \
@@ -253,6 +256,13 @@ impl TaskService {
     // ---- create / start ------------------------------------------------------------------
 
     pub fn create(&self, req: &CreateTaskRequest) -> Result<u32> {
+        ids::container_id(&req.id)?;
+        if self.inner.containers.lock().unwrap().contains_key(&req.id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "container {} already exists",
+                req.id
+            )));
+        }
         // containerd's unpacked copy of a checkpoint goes whatever becomes of this request.
         let mut unpacked = (!req.checkpoint.is_empty())
             .then(|| {
@@ -262,13 +272,6 @@ impl TaskService {
                 )
             })
             .flatten();
-        ids::container_id(&req.id)?;
-        if self.inner.containers.lock().unwrap().contains_key(&req.id) {
-            return Err(ShimError::AlreadyExists(format!(
-                "container {} already exists",
-                req.id
-            )));
-        }
         let opts = runtime_options::resolve(req.options.as_ref())?;
         // The options may raise the shim's log level; containerd's -debug is never lowered.
         if let Some(level) = opts.log_level.as_deref().and_then(|l| l.parse().ok()) {
@@ -409,6 +412,8 @@ impl TaskService {
             hooks,
             gpu,
             check_free_space: opts.snapshot.check_free_space,
+            terminal_signals: Default::default(),
+            terminal_gate: Default::default(),
             lifetime,
             state: Mutex::new(ContainerState {
                 init: Process::new("", stdio.clone()),
@@ -965,7 +970,7 @@ impl TaskService {
             let spec = std::fs::read(c.exec_spec_path(&exec_id))
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-            if let Some((w, h)) = spec.as_ref().and_then(io::console_size) {
+            if let Some((w, h)) = p.size.or_else(|| spec.as_ref().and_then(io::console_size)) {
                 let _ = io::set_size(&master, w, h);
             }
             let stdio = ProcessStdio::terminal(slave)
@@ -1374,8 +1379,7 @@ impl TaskService {
         drop(st);
         // runsc forwards no SIGWINCH to a restored sandbox's foreground job.
         if !later && exec_id.is_empty() && c.was_restored() {
-            let signals = crate::terminal::signals_for(&c);
-            signals(libc::SIGWINCH);
+            crate::terminal::signals_for(&c)(libc::SIGWINCH);
         }
         Ok(())
     }
@@ -1394,7 +1398,7 @@ impl TaskService {
 /// runsc's refusal of a network it cannot have on this host, with what to do about it.
 fn network_hint(e: ShimError) -> ShimError {
     let text = e.to_string();
-    if !text.contains("cannot run with network enabled in root network namespace") {
+    if !text.contains(chalk_runtime::runsc::probe::NO_NETWORK_HERE) {
         return e;
     }
     ShimError::FailedPrecondition(format!(

@@ -5,30 +5,53 @@
 //! container id inside), from the sandbox's own /proc through `sh`.
 
 use std::{
-    sync::{Arc, Weak},
+    sync::{mpsc, Arc, Mutex, Weak},
     time::{Duration, Instant},
 };
 
 use chalk_hooks::{Exec, Place};
-use chalk_runtime::terminal::{foreground, parse_proc_stat, parse_ps_table, SignalTarget};
+use chalk_runtime::terminal::{foreground, parse_proc_stat, parse_ps_table, ProcRow, SignalTarget};
 
 use crate::{container::Container, hooks::ContainerExec, io::TerminalSignals};
 
 /// How long the in-sandbox helper may take.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the terminal of restored sandbox `c` calls with each signal its keys raise; each is
-/// delivered on a thread of its own, so typing never waits for runsc.
+/// What the terminal of restored sandbox `c` calls with each signal its keys raise. One
+/// worker per sandbox delivers them in order, each signal once per round (keys typed or
+/// pasted faster than runsc answers are not a process each), never while it is checkpointed.
 pub fn signals_for(c: &Arc<Container>) -> TerminalSignals {
-    let weak: Weak<Container> = Arc::downgrade(c);
-    Arc::new(move |sig| {
-        let weak = weak.clone();
-        std::thread::spawn(move || {
-            if let Some(c) = weak.upgrade() {
-                deliver(&c, sig);
+    c.terminal_signals
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<i32>();
+            let weak: Weak<Container> = Arc::downgrade(c);
+            let spawned = std::thread::Builder::new()
+                .name("tty-signals".into())
+                .spawn(move || {
+                    while let Ok(first) = rx.recv() {
+                        let mut round = vec![first];
+                        while let Ok(more) = rx.try_recv() {
+                            if !round.contains(&more) {
+                                round.push(more);
+                            }
+                        }
+                        let Some(c) = weak.upgrade() else { break };
+                        let _gate = c.terminal_gate.lock().unwrap();
+                        round.into_iter().for_each(|sig| deliver(&c, sig));
+                    }
+                });
+            if let Err(e) = spawned {
+                log::error!(
+                    "container {}: terminal signals will not be delivered: {e}",
+                    c.id
+                );
             }
-        });
-    })
+            let tx = Mutex::new(tx);
+            Arc::new(move |sig| {
+                let _ = tx.lock().unwrap().send(sig);
+            })
+        })
+        .clone()
 }
 
 /// Sends `sig` to the foreground job of `c`'s terminal.
@@ -42,7 +65,7 @@ pub fn deliver(c: &Container, sig: i32) {
     let outcome = if table.is_empty() {
         through_the_sandbox(c, sig)
     } else {
-        through_runsc(c, sig, foreground(&table, &[]))
+        through_runsc(c, sig, &table)
     };
     match outcome {
         Ok(target) => log::info!(
@@ -57,24 +80,26 @@ pub fn deliver(c: &Container, sig: i32) {
     }
 }
 
-fn through_runsc(
-    c: &Container,
-    sig: i32,
-    target: Option<SignalTarget>,
-) -> Result<SignalTarget, String> {
-    let target = target.ok_or("the sandbox lists no process")?;
+fn through_runsc(c: &Container, sig: i32, table: &[ProcRow]) -> Result<SignalTarget, String> {
+    let target = foreground(table, &[]).ok_or("the sandbox lists no process")?;
+    let kill = |pid: i32| {
+        c.runsc
+            .kill(&c.id, sig as u32, false, Some(pid))
+            .map_err(|e| e.to_string())
+    };
     match &target {
         SignalTarget::Group(g) if c.features.kill_has_pgid() => c
             .runsc
             .kill_group(&c.id, sig as u32, *g)
             .map_err(|e| e.to_string())?,
-        // A table with groups comes only from runsc builds that can signal them.
-        SignalTarget::Group(g) => return Err(format!("this runsc cannot signal group {g}")),
+        SignalTarget::Group(g) => {
+            for r in table.iter().filter(|r| r.pgid == Some(*g)) {
+                kill(r.pid)?;
+            }
+        }
         SignalTarget::Processes(pids) => {
             for pid in pids {
-                c.runsc
-                    .kill(&c.id, sig as u32, false, Some(*pid))
-                    .map_err(|e| e.to_string())?;
+                kill(*pid)?;
             }
         }
     }

@@ -44,9 +44,9 @@ fn try_create(runsc: &Runsc, work: &Path, network: &str) -> Result<()> {
     let bundle = work.join(format!("bundle-{network}"));
     std::fs::create_dir_all(&bundle).map_err(|e| io("make its bundle", e))?;
     let ns = work.join(format!("netns-{network}"));
-    netns::create(&ns).map_err(|e| io("make its network namespace", e))?;
     std::fs::write(bundle.join("config.json"), probe_spec(&ns).to_string())
         .map_err(|e| io("write its spec", e))?;
+    netns::create(&ns).map_err(|e| io("make its network namespace", e))?;
     let mut probe = runsc.clone();
     probe.global.root = work.join(format!("root-{network}"));
     probe.log_dir = bundle.clone();
@@ -67,8 +67,12 @@ fn try_create(runsc: &Runsc, work: &Path, network: &str) -> Result<()> {
     made
 }
 
-/// Finds out which network runsc's default settings can have here.
-pub fn network(runsc: &Runsc, work: &Path) -> Result<NetworkProbe> {
+/// What runsc says when it cannot give a sandbox a network of its own here.
+pub const NO_NETWORK_HERE: &str = "cannot run with network enabled in root network namespace";
+
+/// Finds out which network runsc's default settings can have here: None when the probe could
+/// not tell (a failure that is not runsc refusing the network), and runsc's default stands.
+pub fn network(runsc: &Runsc, work: &Path) -> Result<Option<NetworkProbe>> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -76,12 +80,13 @@ pub fn network(runsc: &Runsc, work: &Path) -> Result<NetworkProbe> {
         .create(work)
         .map_err(|e| Error::io(format!("create {}", work.display()), e))?;
     let outcome = match try_create(runsc, work, "sandbox") {
-        Ok(()) => Ok(NetworkProbe::Sandbox),
-        Err(sandbox) => match try_create(runsc, work, "none") {
-            Ok(()) => {
-                log::info!("runsc cannot give sandboxes a network here ({sandbox})");
-                Ok(NetworkProbe::NoneOnly)
-            }
+        Ok(()) => Ok(Some(NetworkProbe::Sandbox)),
+        Err(e) if !e.to_string().contains(NO_NETWORK_HERE) => {
+            log::warn!("network probe of {}: {e}", runsc.binary().display());
+            Ok(None)
+        }
+        Err(_) => match try_create(runsc, work, "none") {
+            Ok(()) => Ok(Some(NetworkProbe::NoneOnly)),
             Err(none) => Err(Error::Options {
                 source_name: "without a network".into(),
                 message: format!(

@@ -90,6 +90,16 @@ pub struct ImageRef {
     pub digest: String,
 }
 
+impl ImageRef {
+    /// `(name, digest)` of a reference pinned by digest (`name@sha256:<64 hex>`): it names its
+    /// image by itself, whatever tags say now (a fork's container records one).
+    pub fn pinned(reference: &str) -> Option<(&str, &str)> {
+        let (name, digest) = reference.rsplit_once('@')?;
+        let hex = digest.strip_prefix("sha256:")?;
+        (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some((name, digest))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpecInfo {
     /// sha256 of the bundle's config.json as runsc ran it.
@@ -404,6 +414,18 @@ pub fn rfc3339_secs(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn references_pinned_by_digest_carry_their_digest() {
+        let d = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(
+            ImageRef::pinned(&format!("docker.io/library/busybox@{d}")),
+            Some(("docker.io/library/busybox", d.as_str()))
+        );
+        assert_eq!(ImageRef::pinned("docker.io/library/busybox:latest"), None);
+        assert_eq!(ImageRef::pinned("busybox@sha256:short"), None);
+        assert_eq!(ImageRef::pinned("busybox@md5:abc"), None);
+    }
 
     #[test]
     fn rfc3339_reads_back_what_it_writes() {

@@ -388,11 +388,8 @@ impl Client {
             .mounts;
         // A sandbox whose init has a terminal keeps one (with no client attached, the shim
         // drains it): its processes were made on a terminal and go on expecting one.
-        let terminal = c
-            .spec
-            .as_ref()
-            .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.value).ok())
-            .and_then(|s| s["process"]["terminal"].as_bool())
+        let terminal = crate::sandboxes::spec_of(c)["process"]["terminal"]
+            .as_bool()
             .unwrap_or(false);
         let req = self.req(CreateTaskRequest {
             container_id: c.id.clone(),

@@ -110,7 +110,8 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
         // Snapshots of forks before this build recorded the pinned reference.
         image: {
             let name = note("org.opencontainers.image.ref.name");
-            snapshots::pinned(&name).map_or(name.clone(), |(n, _)| n.to_string())
+            chalk_runtime::snapshot::manifest::ImageRef::pinned(&name)
+                .map_or(name.clone(), |(n, _)| n.to_string())
         },
         base,
     })
@@ -223,6 +224,18 @@ pub struct ForkOptions {
     pub force: bool,
 }
 
+/// Refuses fork ids that could not be made (`--count 0`, an id containerd or runsc would
+/// refuse), before anything is done.
+pub fn check_ids(id: Option<&str>, sandbox: &str, count: usize) -> Result<()> {
+    if count == 0 {
+        return Err("--count must be at least 1".into());
+    }
+    for new in fork_ids(id, sandbox, "20261201000000000", count) {
+        chalk_runtime::ids::container_id(&new).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Forks snapshot `query` into `count` running sandboxes, made by a pool sized to the host
 /// and each reported on its own: one that fails is removed and does not undo the others.
 pub fn fork(
@@ -233,9 +246,6 @@ pub fn fork(
     opts: &ForkOptions,
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
-    if count == 0 {
-        return Err("--count must be at least 1".into());
-    }
     let snap = snapshots::find(client, query)?;
     match snap.status {
         Status::Completed => {}
@@ -264,10 +274,8 @@ pub fn fork(
         .chars()
         .filter(char::is_ascii_digit)
         .collect();
+    check_ids(id, &snap.sandbox_id, count)?;
     let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
-    for new in &ids {
-        chalk_runtime::ids::container_id(new).map_err(|e| e.to_string())?;
-    }
     let workers = pool_size(count);
     progress.step(&format!(
         "snapshot {} of {} verified; forking {count} ({workers} at a time)",

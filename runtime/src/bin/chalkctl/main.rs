@@ -142,7 +142,7 @@ struct LifetimeArgs {
     lifetime: Option<String>,
     /// What happens when the lifetime ends: destroy (the default) or suspend; the
     /// `chalk.io/on-timeout` annotation.
-    #[arg(long, value_parser = ["destroy", "suspend"], requires = "lifetime")]
+    #[arg(long, value_parser = ["destroy", "suspend"])]
     on_timeout: Option<String>,
 }
 
@@ -331,6 +331,8 @@ fn run(cli: &Cli) -> Result<Value, String> {
                     (forks, None)
                 }
                 (None, Some(source)) => {
+                    // What would refuse the forks is found before the snapshot is taken.
+                    fork::check_ids(fork_id.as_deref(), source, *count)?;
                     let snap =
                         snapshots::create(&mut client, source, Vec::new(), false, &progress)?;
                     let forks = fork::fork(
@@ -387,6 +389,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
                     "elapsed_ms": f.elapsed_ms,
                 })).collect::<Vec<_>>(),
                 "elapsed_ms": progress.elapsed_ms(),
+                "pool": fork::pool_size(*count),
             });
             if let Some((digest, kept)) = snapshot {
                 out["snapshot"] = json!({"id": digest, "kept": kept});

@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
-use chalk_runtime::registry::{self, Filter, Snapshot, Status};
+use chalk_runtime::{
+    registry::{self, Filter, Snapshot, Status},
+    snapshot::manifest::ImageRef,
+};
 use containerd_client::{services::v1::Image, types::Descriptor};
 use serde_json::{json, Value};
 
@@ -77,7 +80,7 @@ pub fn begin(
 /// no image record has that name): the digest is the descriptor, read from the content
 /// store, whatever the tag says now.
 pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descriptor)> {
-    let Some((name, digest)) = pinned(reference) else {
+    let Some((name, digest)) = ImageRef::pinned(reference) else {
         let target = client
             .image(reference)?
             .target
@@ -105,13 +108,6 @@ pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descripto
             annotations: HashMap::new(),
         },
     ))
-}
-
-/// `(name, digest)` of a reference pinned by digest (`name@sha256:<64 hex>`).
-pub fn pinned(reference: &str) -> Option<(&str, &str)> {
-    let (name, digest) = reference.rsplit_once('@')?;
-    let hex = digest.strip_prefix("sha256:")?;
-    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some((name, digest))
 }
 
 /// Picks up a `pending` snapshot by its record name (what `--no-wait` leaves behind).
