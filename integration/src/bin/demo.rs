@@ -1,6 +1,7 @@
 //! The main job of the README: starts a private containerd with chalk-shim registered, imports a
 //! busybox image built on the spot, and runs gVisor sandboxes through containerd's own `ctr`:
-//! lifecycle, then snapshot, fork, suspend and resume of a running sandbox with chalkctl.
+//! lifecycle, then snapshot, fork, suspend and resume of a running sandbox with chalkctl, and a
+//! fork of a fork in its fork tree.
 
 use std::{process::ExitCode, time::Instant};
 
@@ -160,6 +161,15 @@ fn snapshots(c: &Containerd) -> Result<(), String> {
         count(c, "demo-counter")?
     );
 
+    // A fork of a fork, in one call each (snapshot, fork, the snapshot deleted).
+    show(c, &["fork", "--id", "demo-fork-1", "--fork-id", "demo-grandchild"])?;
+    println!(
+        "demo-grandchild: counter {}, its parent's file: {}",
+        count(c, "demo-grandchild")?,
+        sh("demo-grandchild", "cat /workspace/mine")?
+    );
+    show(c, &["tree"])?;
+
     show(c, &["snapshot", "list"])?;
     show(c, &["list"])?;
     Ok(())
@@ -216,7 +226,7 @@ fn run() -> Result<(), String> {
 
     snapshots(&c)?;
 
-    let sandboxes = ["demo-counter", "demo-fork-1", "demo-fork-2"];
+    let sandboxes = ["demo-counter", "demo-fork-1", "demo-fork-2", "demo-grandchild"];
     for id in sandboxes {
         check(&c.ctr(["task", "kill", "-s", "SIGKILL", id]), "kill")?;
     }
