@@ -143,30 +143,7 @@ impl Api {
 
     /// The rootfs mounts of existing container `id`, as the Go client gathers them for Create.
     fn rootfs_of(&self, id: &str) -> Result<Vec<Mount>, String> {
-        let req = GetContainerRequest { id: id.to_string() };
-        let container = self
-            .rt
-            .block_on(
-                ContainersClient::new(self.channel.clone())
-                    .get(with_namespace!(req, self.namespace)),
-            )
-            .map_err(|e| e.message().to_string())?
-            .into_inner()
-            .container
-            .ok_or("no container in the answer")?;
-        let req = MountsRequest {
-            snapshotter: container.snapshotter.clone(),
-            key: container.snapshot_key.clone(),
-        };
-        Ok(self
-            .rt
-            .block_on(
-                SnapshotsClient::new(self.channel.clone())
-                    .mounts(with_namespace!(req, self.namespace)),
-            )
-            .map_err(|e| e.message().to_string())?
-            .into_inner()
-            .mounts)
+        rootfs_mounts(&self.rt, &self.channel, &self.namespace, id)
     }
 
     /// Tasks.Create for existing container `id` from a checkpoint, with no stdio: `checkpoint`
@@ -255,6 +232,31 @@ impl Api {
             .map(|r| r.into_inner().pid)
             .map_err(|e| e.message().to_string())
     }
+}
+
+/// The rootfs mounts of existing container `id` in `namespace`, from its snapshotter.
+pub fn rootfs_mounts(
+    rt: &tokio::runtime::Runtime,
+    channel: &Channel,
+    namespace: &str,
+    id: &str,
+) -> Result<Vec<Mount>, String> {
+    let req = GetContainerRequest { id: id.to_string() };
+    let container = rt
+        .block_on(ContainersClient::new(channel.clone()).get(with_namespace!(req, namespace)))
+        .map_err(|e| e.message().to_string())?
+        .into_inner()
+        .container
+        .ok_or("no container in the answer")?;
+    let req = MountsRequest {
+        snapshotter: container.snapshotter.clone(),
+        key: container.snapshot_key.clone(),
+    };
+    Ok(rt
+        .block_on(SnapshotsClient::new(channel.clone()).mounts(with_namespace!(req, namespace)))
+        .map_err(|e| e.message().to_string())?
+        .into_inner()
+        .mounts)
 }
 
 /// Appends a length-delimited protobuf field (short values only: one-byte length).

@@ -14,11 +14,8 @@ use std::{
 
 use containerd_client::{
     services::v1::{
-        containers_client::ContainersClient,
-        snapshots::{snapshots_client::SnapshotsClient, MountsRequest},
-        tasks_client::TasksClient,
-        CreateTaskRequest, DeleteTaskRequest, GetContainerRequest, KillRequest, ResizePtyRequest,
-        StartRequest,
+        tasks_client::TasksClient, CreateTaskRequest, DeleteTaskRequest, KillRequest,
+        ResizePtyRequest, StartRequest,
     },
     tonic::{transport::Channel, Request},
     types::Descriptor,
@@ -96,22 +93,7 @@ impl TtyTask {
         let screen = Arc::new((Mutex::new(Screen::default()), Condvar::new()));
         spawn_reader(stdout, screen.clone())?;
 
-        let req = GetContainerRequest { id: id.to_string() };
-        let container = rt
-            .block_on(ContainersClient::new(channel.clone()).get(with_namespace!(req, namespace)))
-            .map_err(|e| e.message().to_string())?
-            .into_inner()
-            .container
-            .ok_or("no container in the answer")?;
-        let req = MountsRequest {
-            snapshotter: container.snapshotter.clone(),
-            key: container.snapshot_key.clone(),
-        };
-        let rootfs = rt
-            .block_on(SnapshotsClient::new(channel.clone()).mounts(with_namespace!(req, namespace)))
-            .map_err(|e| e.message().to_string())?
-            .into_inner()
-            .mounts;
+        let rootfs = crate::api::rootfs_mounts(&rt, &channel, namespace, id)?;
         let req = CreateTaskRequest {
             container_id: id.to_string(),
             rootfs,

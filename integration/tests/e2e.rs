@@ -180,6 +180,30 @@ impl Env {
         found
     }
 
+    /// Writes a runtime options file: this containerd's own with `extra` after it.
+    fn options_with(&self, name: &str, extra: &str) -> Result<PathBuf, Failed> {
+        let base = std::fs::read_to_string(self.c.options_path()).map_err(|e| e.to_string())?;
+        Ok(self.options_file(name, &format!("{base}\n{extra}")))
+    }
+
+    /// `ctr run -d` of `cmd` as `id` with the runtime options file `options`.
+    fn run_detached_with(&self, id: &str, options: &std::path::Path, cmd: &[&str]) -> TestResult {
+        let path = options.display().to_string();
+        let mut args = vec![
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--runtime-config-path",
+            &path,
+        ];
+        args.extend_from_slice(&[IMAGE, id]);
+        args.extend_from_slice(cmd);
+        let out = self.ctr(&args);
+        ensure!(out.code == 0, "ctr run -d {id}: {out:?}");
+        Ok(())
+    }
+
     /// Writes a runtime options file and returns its path.
     fn options_file(&self, name: &str, text: &str) -> PathBuf {
         let path = self.c.dir().join(name);

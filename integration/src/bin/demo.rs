@@ -162,7 +162,16 @@ fn snapshots(c: &Containerd) -> Result<(), String> {
     );
 
     // A fork of a fork, in one call each (snapshot, fork, the snapshot deleted).
-    show(c, &["fork", "--id", "demo-fork-1", "--fork-id", "demo-grandchild"])?;
+    show(
+        c,
+        &[
+            "fork",
+            "--id",
+            "demo-fork-1",
+            "--fork-id",
+            "demo-grandchild",
+        ],
+    )?;
     println!(
         "demo-grandchild: counter {}, its parent's file: {}",
         count(c, "demo-grandchild")?,
@@ -226,7 +235,12 @@ fn run() -> Result<(), String> {
 
     snapshots(&c)?;
 
-    let sandboxes = ["demo-counter", "demo-fork-1", "demo-fork-2", "demo-grandchild"];
+    let sandboxes = [
+        "demo-counter",
+        "demo-fork-1",
+        "demo-fork-2",
+        "demo-grandchild",
+    ];
     for id in sandboxes {
         check(&c.ctr(["task", "kill", "-s", "SIGKILL", id]), "kill")?;
     }

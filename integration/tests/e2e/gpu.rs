@@ -168,10 +168,7 @@ pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
     let mut taken = Vec::new();
     let result = (|| {
         // A one-second lock timeout, from an options file.
-        let opts = e.c.dir().join("gpu.toml");
-        let base = std::fs::read_to_string(e.c.options_path()).map_err(|e| e.to_string())?;
-        std::fs::write(&opts, format!("{base}\n[gpu]\nlock_timeout_secs = 1\n"))
-            .map_err(|e| e.to_string())?;
+        let opts = e.options_with("gpu.toml", "[gpu]\nlock_timeout_secs = 1\n")?;
         e.run_gpu(id, &["--runtime-config-path", opts.to_str().unwrap_or("")])?;
         for (control, expect) in [
             ("fail lock", "--action lock"),

@@ -166,28 +166,13 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
 
         // Host hooks come from the options only; they get the stage, ids and directory.
         let marker = e.c.dir().join("host-hook.out");
-        let opts = e.c.dir().join("hooks.toml");
-        let base = std::fs::read_to_string(e.c.options_path()).map_err(|e| e.to_string())?;
         let hook = format!(
-            "\n[[hooks]]\nstage = \"pre-checkpoint\"\nplace = \"host\"\n\
+            "[[hooks]]\nstage = \"pre-checkpoint\"\nplace = \"host\"\n\
              command = [\"/bin/sh\", \"-c\", \"echo $CHALK_STAGE $CHALK_CONTAINER_ID ${{CHALK_SNAPSHOT_DIR:+dir}} > {}\"]\n",
             marker.display()
         );
-        std::fs::write(&opts, format!("{base}{hook}")).map_err(|e| e.to_string())?;
-        let out = e.ctr(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--runtime-config-path",
-            opts.to_str().unwrap_or(""),
-            IMAGE,
-            ids[4],
-            "sh",
-            "-c",
-            snapshots::COUNTER,
-        ]);
-        ensure!(out.code == 0, "{out:?}");
+        let opts = e.options_with("hooks.toml", &hook)?;
+        e.run_detached_with(ids[4], &opts, &["sh", "-c", snapshots::COUNTER])?;
         taken.push(e.snapshot_of(ids[4])?);
         let got = std::fs::read_to_string(&marker).unwrap_or_default();
         ensure!(

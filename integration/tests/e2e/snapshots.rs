@@ -567,27 +567,8 @@ pub fn failed_snapshot_never_costs_the_source(e: &Env) -> TestResult {
         }
 
         // The check off: runsc runs out of room half-way.
-        let options = e.options_file(
-            "unchecked.toml",
-            &format!(
-                "{}\n[snapshot]\ncheck_free_space = false\n",
-                std::fs::read_to_string(e.c.options_path()).map_err(|e| e.to_string())?
-            ),
-        );
-        let out = e.ctr(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--runtime-config-path",
-            &options.display().to_string(),
-            IMAGE,
-            unchecked,
-            "sh",
-            "-c",
-            &filler,
-        ]);
-        ensure!(out.code == 0, "run {unchecked}: {out:?}");
+        let options = e.options_with("unchecked.toml", "[snapshot]\ncheck_free_space = false\n")?;
+        e.run_detached_with(unchecked, &options, &["sh", "-c", &filler])?;
         e.count_reaches(unchecked, 3)?;
         let dir = small.0.join("unchecked");
         let err = match api.checkpoint_to(unchecked, &dir, false) {
