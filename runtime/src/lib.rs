@@ -1,7 +1,6 @@
 //! The library behind chalk-shim: it drives gVisor's `runsc` and knows nothing of ttrpc.
 //!
 //! - [`options`]: the runtime options file (TOML) and the runsc flags it turns into.
-//! - [`registry`]: the snapshot registry's rules over containerd image labels (for chalkctl).
 //! - [`runsc`]: typed runsc operations, argv built in one place, capability detection.
 //! - [`snapshot`]: the snapshot manifest (hashing, verification) and the isolation rule.
 //! - [`spec`]: small readers over OCI spec JSON.
@@ -22,7 +21,6 @@ pub mod ids;
 pub mod lifetime;
 pub mod netns;
 pub mod options;
-pub mod registry;
 pub mod runsc;
 pub mod snapshot;
 pub mod spec;

@@ -1,12 +1,19 @@
-//! The one place errors become ttrpc status codes, so containerd (and `ctr`) can tell
-//! "no such process" from "not now" from "bad request" from "runsc failed".
+//! The shim's one error type, and the one place errors become ttrpc status codes, so
+//! containerd (and `ctr`) can tell "no such process" from "not now" from "bad request" from
+//! "runsc failed". Causes are kept as sources, and in the message.
 
 use containerd_shim::protos::ttrpc::{self, Code};
 
+type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
-    #[error("{0}")]
-    NotFound(String),
+    #[error("container {0} not found")]
+    NoContainer(String),
+    #[error("exec {exec} not found in {id}")]
+    NoExec { id: String, exec: String },
+    #[error("process {process} of {id} already finished")]
+    Finished { id: String, process: String },
     #[error("{0}")]
     AlreadyExists(String),
     #[error("{0}")]
@@ -14,11 +21,18 @@ pub enum ShimError {
     #[error("{0}")]
     FailedPrecondition(String),
     #[error("{0}")]
-    Unimplemented(String),
-    #[error("{0}")]
     Internal(String),
+    /// Something the shim did failed: what, and why.
+    #[error("{what}: {source}")]
+    Failed {
+        what: String,
+        #[source]
+        source: Cause,
+    },
     #[error(transparent)]
     Runtime(#[from] chalk_runtime::Error),
+    #[error("asking containerd: {0}")]
+    Containerd(#[from] chalkctl::Error),
 }
 
 pub type Result<T, E = ShimError> = std::result::Result<T, E>;
@@ -27,12 +41,15 @@ impl ShimError {
     pub fn code(&self) -> Code {
         use chalk_runtime::Error as R;
         match self {
-            ShimError::NotFound(_) => Code::NOT_FOUND,
+            ShimError::NoContainer(_) | ShimError::NoExec { .. } | ShimError::Finished { .. } => {
+                Code::NOT_FOUND
+            }
             ShimError::AlreadyExists(_) => Code::ALREADY_EXISTS,
             ShimError::InvalidArgument(_) => Code::INVALID_ARGUMENT,
             ShimError::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
-            ShimError::Unimplemented(_) => Code::UNIMPLEMENTED,
-            ShimError::Internal(_) => Code::INTERNAL,
+            ShimError::Internal(_) | ShimError::Failed { .. } => Code::INTERNAL,
+            ShimError::Containerd(e) if e.is_not_found() => Code::NOT_FOUND,
+            ShimError::Containerd(_) => Code::UNAVAILABLE,
             ShimError::Runtime(e) => match e {
                 R::InvalidId { .. } | R::Options { .. } | R::ExecutableNotFound { .. } => {
                     Code::INVALID_ARGUMENT
@@ -44,8 +61,19 @@ impl ShimError {
         }
     }
 
-    pub fn internal(what: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
-        ShimError::Internal(format!("{what}: {e}"))
+    /// `what` failed because of `cause`.
+    pub fn failed(what: impl std::fmt::Display, cause: impl Into<Cause>) -> Self {
+        ShimError::Failed {
+            what: what.to_string(),
+            source: cause.into(),
+        }
+    }
+
+    pub fn no_exec(id: &str, exec: &str) -> Self {
+        ShimError::NoExec {
+            id: id.to_string(),
+            exec: exec.to_string(),
+        }
     }
 }
 
@@ -58,67 +86,76 @@ impl From<ShimError> for ttrpc::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chalk_runtime::{state::Status, Error as R};
 
-    fn code_of(e: ShimError) -> Code {
-        match ttrpc::Error::from(e) {
-            ttrpc::Error::RpcStatus(s) => s.code(),
-            other => panic!("not a status: {other:?}"),
+    #[test]
+    fn each_kind_maps_to_its_code() {
+        let cases: Vec<(ShimError, Code)> = vec![
+            (ShimError::NoContainer("c".into()), Code::NOT_FOUND),
+            (ShimError::no_exec("c", "e"), Code::NOT_FOUND),
+            (
+                ShimError::Finished {
+                    id: "c".into(),
+                    process: "init".into(),
+                },
+                Code::NOT_FOUND,
+            ),
+            (ShimError::AlreadyExists("x".into()), Code::ALREADY_EXISTS),
+            (
+                ShimError::InvalidArgument("x".into()),
+                Code::INVALID_ARGUMENT,
+            ),
+            (
+                ShimError::FailedPrecondition("x".into()),
+                Code::FAILED_PRECONDITION,
+            ),
+            (ShimError::Internal("x".into()), Code::INTERNAL),
+            (
+                chalk_runtime::Error::Runsc {
+                    op: "start",
+                    id: "c".into(),
+                    status: 1,
+                    message: "boom".into(),
+                }
+                .into(),
+                Code::INTERNAL,
+            ),
+            (
+                chalk_runtime::Error::InvalidId {
+                    kind: "container id",
+                    value: "..".into(),
+                    reason: "bad",
+                }
+                .into(),
+                Code::INVALID_ARGUMENT,
+            ),
+            (
+                chalkctl::Error::NotFound {
+                    what: "image x".into(),
+                }
+                .into(),
+                Code::NOT_FOUND,
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.code(), code, "{e}");
         }
     }
 
     #[test]
-    fn each_error_maps_to_its_code() {
-        assert_eq!(code_of(ShimError::NotFound("x".into())), Code::NOT_FOUND);
-        assert_eq!(
-            code_of(ShimError::AlreadyExists("x".into())),
-            Code::ALREADY_EXISTS
+    fn a_failure_keeps_its_cause() {
+        let e = ShimError::failed(
+            "write /b/x",
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         );
-        assert_eq!(
-            code_of(ShimError::InvalidArgument("x".into())),
-            Code::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            code_of(ShimError::FailedPrecondition("x".into())),
-            Code::FAILED_PRECONDITION
-        );
-        assert_eq!(
-            code_of(ShimError::Unimplemented("x".into())),
-            Code::UNIMPLEMENTED
-        );
-        assert_eq!(code_of(ShimError::Internal("x".into())), Code::INTERNAL);
-        let invalid = R::InvalidId {
-            kind: "container id",
-            value: "..".into(),
-            reason: "r",
-        };
-        assert_eq!(code_of(invalid.into()), Code::INVALID_ARGUMENT);
-        let state = R::InvalidState {
-            op: "start",
-            id: "c".into(),
-            from: Status::Running,
-        };
-        assert_eq!(code_of(state.into()), Code::FAILED_PRECONDITION);
-        let runsc = R::Runsc {
-            op: "start",
-            id: "c".into(),
-            status: 1,
-            message: "boom".into(),
-        };
-        assert_eq!(code_of(runsc.into()), Code::INTERNAL);
-    }
-
-    #[test]
-    fn message_survives() {
-        let runsc = R::Runsc {
-            op: "create",
-            id: "c".into(),
-            status: 128,
-            message: "bad spec".into(),
-        };
-        match ttrpc::Error::from(ShimError::from(runsc)) {
-            ttrpc::Error::RpcStatus(s) => assert!(s.message().contains("bad spec")),
-            _ => unreachable!(),
+        assert!(e.to_string().starts_with("write /b/x: "), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+        let status: ttrpc::Error = ShimError::no_exec("c1", "e1").into();
+        match status {
+            ttrpc::Error::RpcStatus(s) => {
+                assert_eq!(s.code(), Code::NOT_FOUND);
+                assert_eq!(s.message(), "exec e1 not found in c1");
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

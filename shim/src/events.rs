@@ -1,20 +1,46 @@
 //! Events go to containerd from one thread, in the order they were sent, so an RPC never waits
-//! on containerd and TaskStart can never overtake TaskExit.
+//! on containerd and TaskStart can never overtake TaskExit. The Task layer sees an
+//! [`EventSink`]; tests give it one that records.
 
 use std::{
     sync::mpsc::{channel, sync_channel, Sender, SyncSender},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use containerd_shim::{
-    protos::{protobuf::MessageDyn, ttrpc::context::Context},
+    protos::{
+        protobuf::{well_known_types::timestamp::Timestamp, MessageDyn},
+        ttrpc::context::Context,
+    },
     publisher::RemotePublisher,
 };
+
+/// `t` as the protobuf timestamp containerd's events and replies carry.
+pub fn timestamp(t: SystemTime) -> Timestamp {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let mut ts = Timestamp::new();
+    ts.seconds = d.as_secs() as i64;
+    ts.nanos = d.subsec_nanos() as i32;
+    ts
+}
 
 enum Message {
     Event(&'static str, Box<dyn MessageDyn>),
     /// Answered once every event sent before it has been published.
     Flush(SyncSender<()>),
+}
+
+/// Where the Task layer's events go.
+pub trait EventSink: Send + Sync {
+    fn send(&self, topic: &'static str, event: Box<dyn MessageDyn>);
+    /// Waits (up to `timeout`) until what was sent so far is published.
+    fn flush(&self, timeout: Duration);
+}
+
+impl dyn EventSink + '_ {
+    pub fn publish(&self, topic: &'static str, event: impl MessageDyn) {
+        self.send(topic, Box::new(event));
+    }
 }
 
 #[derive(Clone)]
@@ -45,17 +71,18 @@ impl EventSender {
             .expect("spawn event publisher");
         EventSender(tx)
     }
+}
 
-    pub fn send(&self, topic: &'static str, event: impl MessageDyn) {
+impl EventSink for EventSender {
+    fn send(&self, topic: &'static str, event: Box<dyn MessageDyn>) {
         log::debug!("event {topic}");
-        if self.0.send(Message::Event(topic, Box::new(event))).is_err() {
+        if self.0.send(Message::Event(topic, event)).is_err() {
             log::error!("event publisher is gone; dropped {topic}");
         }
     }
 
-    /// Waits (up to `timeout`) until what was sent so far is published: the shim exits right
-    /// after Shutdown, and the last TaskDelete must not go with it.
-    pub fn flush(&self, timeout: Duration) {
+    /// The shim exits right after Shutdown, and the last TaskDelete must not go with it.
+    fn flush(&self, timeout: Duration) {
         let (done, published) = sync_channel(1);
         if self.0.send(Message::Flush(done)).is_ok() && published.recv_timeout(timeout).is_err() {
             log::warn!("events not all published within {timeout:?} of shutting down");

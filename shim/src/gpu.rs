@@ -9,16 +9,14 @@ use chalk_hooks::{
     cuda::{CudaTool, Handoff},
     Exec, GpuOptions, Place,
 };
-use serde_json::{json, Value};
+use chalk_runtime::snapshot::manifest::GpuFacts;
+use serde_json::Value;
 
 use crate::{
-    container::Container,
     errors::{Result, ShimError},
-    hooks::ContainerExec,
+    sandbox::container::{Container, Gpu},
+    sandbox_exec::ContainerExec,
 };
-
-/// The manifest's `extra` key for the GPU facts.
-pub const MANIFEST_KEY: &str = "gpu";
 
 struct SandboxCuda<'a> {
     c: &'a Container,
@@ -68,7 +66,7 @@ pub fn runsc_flags(c: &Container) -> Vec<String> {
 /// when runsc moves them itself) and the manifest's account of the GPU.
 pub struct Handed {
     pub moved: Vec<u32>,
-    pub facts: Value,
+    pub facts: GpuFacts,
 }
 
 /// Before the checkpoint of GPU sandbox `c` (running): moves every CUDA process out of the
@@ -78,7 +76,7 @@ pub fn before_checkpoint(c: &Container, gpu: &Gpu) -> Result<Handed> {
         Vec::new()
     } else {
         let pids: Vec<u32> = c
-            .runsc
+            .runtime
             .ps(&c.id)?
             .into_iter()
             .filter_map(|p| u32::try_from(p).ok())
@@ -117,7 +115,7 @@ pub fn restore(c: &Container, options: &GpuOptions, moved: &[u32]) -> Result<()>
 
 /// What the manifest records of a GPU sandbox: driver, GPUs, cuda-checkpoint's version and
 /// which processes were moved (a restore moves those back).
-fn facts(c: &Container, gpu: &Gpu, moved: &[u32]) -> Value {
+fn facts(c: &Container, gpu: &Gpu, moved: &[u32]) -> GpuFacts {
     let version = SandboxCuda {
         c,
         path: &gpu.options.cuda_checkpoint_path,
@@ -139,33 +137,14 @@ fn facts(c: &Container, gpu: &Gpu, moved: &[u32]) -> Value {
                 .map(|m| m.trim().to_string())
         })
         .collect();
-    json!({
-        "handoff": if runsc_does_it(c) { "runsc" } else { "chalk" },
-        "driver_version": driver,
-        "gpu_models": models,
-        "gpu_count": models.len(),
-        "cuda_checkpoint_version": version,
-        "moved_pids": moved,
-    })
-}
-
-/// The pids a snapshot's manifest says were moved off the GPU.
-pub fn moved_pids(extra: &std::collections::BTreeMap<String, Value>) -> Vec<u32> {
-    extra
-        .get(MANIFEST_KEY)
-        .and_then(|g| g["moved_pids"].as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.as_u64().and_then(|p| u32::try_from(p).ok()))
-        .collect()
-}
-
-/// A container's GPU settings, when it is a GPU sandbox.
-#[derive(Debug, Clone)]
-pub struct Gpu {
-    pub options: GpuOptions,
-    /// runsc runs it with nvproxy.
-    pub nvproxy: bool,
+    GpuFacts {
+        handoff: if runsc_does_it(c) { "runsc" } else { "chalk" }.into(),
+        driver_version: driver,
+        gpu_count: models.len(),
+        gpu_models: models,
+        cuda_checkpoint_version: version,
+        moved_pids: moved.to_vec(),
+    }
 }
 
 /// The GPU settings of a container with `spec` under these options, if it is a GPU sandbox.
@@ -184,6 +163,7 @@ pub fn of(spec: &Value, options: &GpuOptions, runsc_flags: &[String]) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn gpu_sandboxes_and_their_nvproxy() {
@@ -198,13 +178,5 @@ mod tests {
         );
         let dev = json!({"linux": {"devices": [{"path": "/dev/nvidiactl"}]}});
         assert!(of(&dev, &o, &[]).unwrap().nvproxy);
-    }
-
-    #[test]
-    fn moved_pids_come_from_the_manifest() {
-        let mut extra = std::collections::BTreeMap::new();
-        assert!(moved_pids(&extra).is_empty());
-        extra.insert(MANIFEST_KEY.to_string(), json!({"moved_pids": [1, 7]}));
-        assert_eq!(moved_pids(&extra), [1, 7]);
     }
 }

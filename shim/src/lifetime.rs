@@ -18,7 +18,16 @@ use chalk_runtime::{
     snapshot::manifest::rfc3339_at,
 };
 
-use crate::{container::Container, reaper::ReaperSpawner, task::TaskService};
+use crate::{containerd::Records, reaper::ReaperSpawner, sandbox::container::Container};
+
+/// Where the timer reaches containerd: its records (for the label `chalkctl get` reads),
+/// and its address and namespace (for chalkctl).
+#[derive(Clone)]
+pub struct Context {
+    pub records: Arc<dyn Records>,
+    pub address: String,
+    pub namespace: String,
+}
 
 /// How often the expiry is attempted through chalkctl before the shim kills the sandbox.
 const ATTEMPTS: u32 = 3;
@@ -59,27 +68,21 @@ fn chalkctl() -> PathBuf {
 
 /// Starts the timer of `c`, which has just started (or been restored) with `lifetime`. The
 /// label `chalkctl get` reads is set before Start returns, so none reads last run's end.
-pub fn watch(service: &TaskService, c: &Arc<Container>, lifetime: Lifetime) {
+pub fn watch(ctx: &Context, c: &Arc<Container>, lifetime: Lifetime) {
     let exit = c.state.lock().unwrap().init.exit.clone();
     let ends = SystemTime::now() + lifetime.duration;
     let ends_secs = ends
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let at = rfc3339_at(ends_secs);
-    if let Err(e) = crate::containerd::set_label(
-        service.containerd_address(),
-        service.namespace(),
-        &c.id,
-        EXPIRES_AT_LABEL,
-        &at,
-    ) {
+    if let Err(e) = ctx.records.set_label(&c.id, EXPIRES_AT_LABEL, &at) {
         log::warn!(
             "container {}: lifetime ends at {at}, not recorded: {e}",
             c.id
         );
     }
     let id = c.id.clone();
-    let (service, c) = (service.clone(), c.clone());
+    let (ctx, c) = (ctx.clone(), c.clone());
     std::thread::Builder::new()
         .name("lifetime".into())
         .spawn(move || {
@@ -87,13 +90,13 @@ pub fn watch(service: &TaskService, c: &Arc<Container>, lifetime: Lifetime) {
             if exit.wait_timeout(left).is_some() {
                 return; // ended (or suspended) before its time
             }
-            expire(&service, &c, lifetime);
+            expire(&ctx, &c, lifetime);
         })
         .map(drop)
         .unwrap_or_else(|e| log::error!("container {id}: no lifetime timer: {e}"));
 }
 
-fn expire(service: &TaskService, c: &Container, lifetime: Lifetime) {
+fn expire(ctx: &Context, c: &Container, lifetime: Lifetime) {
     let action = lifetime.on_timeout.as_str();
     log::info!("container {}: lifetime over: {action}", c.id);
     let exit = c.state.lock().unwrap().init.exit.clone();
@@ -101,8 +104,8 @@ fn expire(service: &TaskService, c: &Container, lifetime: Lifetime) {
     for attempt in 1..=ATTEMPTS {
         let outcome = std::fs::File::create(&log_file).and_then(|log| {
             let mut cmd = Command::new(chalkctl());
-            cmd.args(["--address", service.containerd_address()])
-                .args(["--namespace", service.namespace()])
+            cmd.args(["--address", &ctx.address])
+                .args(["--namespace", &ctx.namespace])
                 .args(["expire", "--id", &c.id, "--action", action])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -131,5 +134,5 @@ fn expire(service: &TaskService, c: &Container, lifetime: Lifetime) {
         "container {}: its lifetime is over and it could not be {action}ed: killing it",
         c.id
     );
-    service.kill_sandbox(c);
+    c.kill_sandbox();
 }

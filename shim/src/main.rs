@@ -1,7 +1,7 @@
 //! containerd-shim-chalk-v1: containerd's `io.containerd.chalk.v1` runtime, running each
 //! container (or each Kubernetes pod) in a gVisor sandbox through runsc.
 
-mod container;
+mod bundle;
 mod containerd;
 mod errors;
 mod events;
@@ -16,8 +16,10 @@ mod oom;
 mod private_mounts;
 mod reaper;
 mod runtime_options;
+mod runtimes;
+mod sandbox;
+mod sandbox_exec;
 mod service;
-mod snapshot;
 mod task;
 mod terminal;
 mod unpacked;

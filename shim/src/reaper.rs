@@ -95,6 +95,10 @@ struct ReapedChild {
 }
 
 impl Spawner for ReaperSpawner {
+    fn watch(&self, pid: i32, not_before: Instant) -> Receiver<i32> {
+        watch(pid, not_before)
+    }
+
     fn spawn(&self, cmd: &mut Command) -> io::Result<Box<dyn Child>> {
         let (tx, rx) = channel();
         let mut reg = REGISTRY.lock().unwrap();

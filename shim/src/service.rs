@@ -12,7 +12,14 @@ use containerd_shim::{
     ExitSignal, Flags, Shim, StartOpts,
 };
 
-use crate::{events::EventSender, reaper, task::TaskService};
+use crate::{
+    containerd::Containerd,
+    events::{timestamp, EventSender},
+    reaper,
+    runtimes::RunscRuntimes,
+    sandbox::{container::KILLED, Sandboxes},
+    task::TaskService,
+};
 
 pub struct Service {
     namespace: String,
@@ -112,18 +119,14 @@ impl Shim for Service {
                     // Already gone is the common case after a clean exit.
                     log::warn!("cleanup of {} in {}: {e}", self.id, self.namespace);
                 }
-                crate::task::cleanup_bundle(
-                    &bundle,
-                    record.rootfs_mounted,
-                    record.netns.as_deref(),
-                );
+                crate::bundle::cleanup(&bundle, record.rootfs_mounted, record.netns.as_deref());
             }
             Ok(None) => {}
             Err(e) => log::warn!("cleanup of {}: {e}", self.id),
         }
         let mut resp = DeleteResponse::new();
-        resp.exit_status = 128 + libc::SIGKILL as u32;
-        resp.exited_at = Some(crate::task::timestamp(std::time::SystemTime::now())).into();
+        resp.exit_status = KILLED;
+        resp.exited_at = Some(timestamp(std::time::SystemTime::now())).into();
         Ok(resp)
     }
 
@@ -134,7 +137,18 @@ impl Shim for Service {
     fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
         reaper::start();
         let events = EventSender::spawn(publisher, self.namespace.clone());
-        TaskService::new(&self.namespace, &self.address, events, self.exit.clone())
+        let records = Containerd {
+            address: self.address.clone(),
+            namespace: self.namespace.clone(),
+        };
+        TaskService(Sandboxes::new(
+            &self.namespace,
+            &self.address,
+            Arc::new(RunscRuntimes),
+            Arc::new(records),
+            Arc::new(events),
+            self.exit.clone(),
+        ))
     }
 }
 

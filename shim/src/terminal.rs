@@ -12,7 +12,7 @@ use std::{
 use chalk_hooks::{Exec, Place};
 use chalk_runtime::terminal::{foreground, parse_proc_stat, parse_ps_table, ProcRow, SignalTarget};
 
-use crate::{container::Container, hooks::ContainerExec, io::TerminalSignals};
+use crate::{io::TerminalSignals, sandbox::container::Container, sandbox_exec::ContainerExec};
 
 /// How long the in-sandbox helper may take.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,7 +58,7 @@ pub fn signals_for(c: &Arc<Container>) -> TerminalSignals {
 pub fn deliver(c: &Container, sig: i32) {
     let started = Instant::now();
     let table = c
-        .runsc
+        .runtime
         .ps_table(&c.id)
         .map(|t| parse_ps_table(&t))
         .unwrap_or_default();
@@ -83,13 +83,13 @@ pub fn deliver(c: &Container, sig: i32) {
 fn through_runsc(c: &Container, sig: i32, table: &[ProcRow]) -> Result<SignalTarget, String> {
     let target = foreground(table, &[]).ok_or("the sandbox lists no process")?;
     let kill = |pid: i32| {
-        c.runsc
+        c.runtime
             .kill(&c.id, sig as u32, false, Some(pid))
             .map_err(|e| e.to_string())
     };
     match &target {
         SignalTarget::Group(g) if c.features.kill_has_pgid() => c
-            .runsc
+            .runtime
             .kill_group(&c.id, sig as u32, *g)
             .map_err(|e| e.to_string())?,
         SignalTarget::Group(g) => {

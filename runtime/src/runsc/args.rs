@@ -14,6 +14,42 @@ pub struct GlobalArgs {
     pub flags: Vec<String>,
 }
 
+impl GlobalArgs {
+    /// The value of global flag `--name=value`, the last one if set twice.
+    pub fn flag_value(&self, name: &str) -> Option<&str> {
+        self.flags
+            .iter()
+            .filter_map(|f| {
+                f.trim_start_matches('-')
+                    .strip_prefix(name)?
+                    .strip_prefix('=')
+            })
+            .next_back()
+    }
+
+    /// The root filesystem overlay flag in effect (what keeps root filesystem writes in
+    /// sandbox memory, where a checkpoint captures them).
+    pub fn overlay(&self) -> Option<&str> {
+        self.flags
+            .iter()
+            .rfind(|f| {
+                let name = f.trim_start_matches('-');
+                name == "overlay" || name.starts_with("overlay=") || name.starts_with("overlay2=")
+            })
+            .map(String::as_str)
+    }
+
+    /// runsc's platform (`default` when runsc picks its own).
+    pub fn platform(&self) -> &str {
+        self.flag_value("platform").unwrap_or("default")
+    }
+
+    /// The sandbox's network (`sandbox`, runsc's default, when not set).
+    pub fn network(&self) -> &str {
+        self.flag_value("network").unwrap_or("sandbox")
+    }
+}
+
 /// One runsc operation with its arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op<'a> {
@@ -355,6 +391,23 @@ mod tests {
             }),
             format!("{G} kill --pgid=9 c1 2")
         );
+    }
+
+    #[test]
+    fn flag_readers_take_the_last_value() {
+        let g = GlobalArgs {
+            root: "/r".into(),
+            flags: vec![
+                "--network=sandbox".into(),
+                "--overlay".into(),
+                "--network=none".into(),
+                "--overlay2=root:memory".into(),
+            ],
+        };
+        assert_eq!(g.network(), "none");
+        assert_eq!(g.platform(), "default");
+        assert_eq!(g.overlay(), Some("--overlay2=root:memory"));
+        assert_eq!(global().platform(), "ptrace");
     }
 
     #[test]

@@ -75,6 +75,13 @@ impl Features {
         self
     }
 
+    /// Whether `runsc kill --all` misses the init of a restored sandbox (the builds that
+    /// cannot checkpoint in place: their restore keeps the container's processes apart from
+    /// its init), so the init is signalled on its own as well.
+    pub fn kill_all_misses_restored_init(&self) -> bool {
+        self.leave_running() == LeaveRunning::RestoreAfter
+    }
+
     /// Whether `runsc kill` can signal a process group (`--pgid`, 2023 on).
     pub fn kill_has_pgid(&self) -> bool {
         self.kill_flags.contains("pgid")

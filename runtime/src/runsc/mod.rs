@@ -5,6 +5,7 @@
 pub mod args;
 pub mod features;
 pub mod probe;
+pub mod sandbox;
 pub mod spawn;
 
 use std::{
@@ -21,6 +22,7 @@ use std::{
 
 pub use args::{GlobalArgs, Op};
 pub use features::{FeatureCache, Features, LeaveRunning};
+pub use sandbox::SandboxRuntime;
 pub use spawn::{Child, Spawner, StdSpawner};
 
 use crate::{stats::StatsEvent, Error, Result};
@@ -85,6 +87,14 @@ pub struct ExecChild {
 }
 
 impl ExecChild {
+    /// A foreground process that stands for `runsc exec` (a fake runtime's).
+    pub fn from_child(child: Box<dyn Child>) -> Self {
+        ExecChild {
+            child: Some(child),
+            log_file: PathBuf::new(),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.pid())
     }
@@ -112,7 +122,9 @@ impl ExecChild {
 
 impl Drop for ExecChild {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.log_file);
+        if !self.log_file.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.log_file);
+        }
     }
 }
 
@@ -164,15 +176,7 @@ impl Runsc {
 
     /// The value of global flag `--name=value`, if set.
     pub fn flag_value(&self, name: &str) -> Option<&str> {
-        self.global
-            .flags
-            .iter()
-            .filter_map(|f| {
-                f.trim_start_matches('-')
-                    .strip_prefix(name)?
-                    .strip_prefix('=')
-            })
-            .next_back()
+        self.global.flag_value(name)
     }
 
     /// Reads what this runsc supports (version and global flags).
@@ -598,6 +602,14 @@ mod tests {
     struct FakeSpawner;
 
     impl Spawner for FakeSpawner {
+        fn watch(
+            &self,
+            pid: i32,
+            not_before: std::time::Instant,
+        ) -> std::sync::mpsc::Receiver<i32> {
+            StdSpawner.watch(pid, not_before)
+        }
+
         fn spawn(&self, cmd: &mut Command) -> std::io::Result<Box<dyn Child>> {
             let mut tries = 0;
             loop {

@@ -68,7 +68,13 @@ fn try_create(runsc: &Runsc, work: &Path, network: &str) -> Result<()> {
 }
 
 /// What runsc says when it cannot give a sandbox a network of its own here.
-pub const NO_NETWORK_HERE: &str = "cannot run with network enabled in root network namespace";
+const NO_NETWORK_HERE: &str = "cannot run with network enabled in root network namespace";
+
+/// Whether runsc failed because it cannot give the sandbox a network of its own here: the
+/// one place its words are read for that.
+pub fn refuses_network(e: &Error) -> bool {
+    matches!(e, Error::Runsc { message, .. } if message.contains(NO_NETWORK_HERE))
+}
 
 /// Finds out which network runsc's default settings can have here: None when the probe could
 /// not tell (a failure that is not runsc refusing the network), and runsc's default stands.
@@ -81,7 +87,7 @@ pub fn network(runsc: &Runsc, work: &Path) -> Result<Option<NetworkProbe>> {
         .map_err(|e| Error::io(format!("create {}", work.display()), e))?;
     let outcome = match try_create(runsc, work, "sandbox") {
         Ok(()) => Ok(Some(NetworkProbe::Sandbox)),
-        Err(e) if !e.to_string().contains(NO_NETWORK_HERE) => {
+        Err(e) if !refuses_network(&e) => {
             log::warn!("network probe of {}: {e}", runsc.binary().display());
             Ok(None)
         }

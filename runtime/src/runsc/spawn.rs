@@ -6,6 +6,7 @@
 use std::{
     io,
     process::{ChildStdout, Command},
+    sync::mpsc::{channel, Receiver},
 };
 
 /// A started child process whose exit status can be collected once.
@@ -21,6 +22,9 @@ pub trait Child: Send {
 
 pub trait Spawner: Send + Sync {
     fn spawn(&self, cmd: &mut Command) -> io::Result<Box<dyn Child>>;
+    /// The exit status of process `pid` (a sandbox runsc left to this process, which reaps
+    /// it), once it exits; an exit from before `not_before` belongs to an earlier process.
+    fn watch(&self, pid: i32, not_before: std::time::Instant) -> Receiver<i32>;
 }
 
 /// Spawns with the standard library and waits with `waitpid` on the child itself.
@@ -56,5 +60,24 @@ impl Child for StdChild {
 impl Spawner for StdSpawner {
     fn spawn(&self, cmd: &mut Command) -> io::Result<Box<dyn Child>> {
         Ok(Box::new(StdChild(cmd.spawn()?)))
+    }
+
+    /// Waits with `waitpid`: `pid` must be a child of this process (or one it reaps as a
+    /// subreaper) that nothing else waits for.
+    fn watch(&self, pid: i32, _not_before: std::time::Instant) -> Receiver<i32> {
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            let mut status = 0;
+            // SAFETY: waitpid on a pid, writing into a local.
+            if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
+                let code = if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    128 + libc::WTERMSIG(status)
+                };
+                let _ = tx.send(code);
+            }
+        });
+        rx
     }
 }

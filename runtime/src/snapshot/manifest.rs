@@ -3,7 +3,6 @@
 //! schema is documented in `runtime/MANIFEST.md`.
 
 use std::{
-    collections::BTreeMap,
     io::Write,
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Component, Path, PathBuf},
@@ -12,6 +11,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use super::extra::{Extra, GpuFacts, PodFacts, PodMember};
 use super::{hash, isolation::Isolation};
 use crate::{Error, Result};
 
@@ -149,9 +149,10 @@ pub struct Manifest {
     /// same size and settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<crate::terminal::TerminalState>,
-    /// Free-form facts from hooks (e.g. GPU state); not checked by restore.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, serde_json::Value>,
+    /// What the shim adds: the pod's other containers, the GPU handoff; not checked by
+    /// restore.
+    #[serde(default, skip_serializing_if = "Extra::is_empty")]
+    pub extra: Extra,
 }
 
 fn snapshot_error(dir: &Path, message: impl std::fmt::Display) -> Error {
@@ -472,7 +473,7 @@ mod tests {
             files: Vec::new(),
             memory_bytes: None,
             terminal: None,
-            extra: BTreeMap::new(),
+            extra: Extra::default(),
         }
     }
 

@@ -1,6 +1,9 @@
 //! Snapshots: the manifest that describes and protects a checkpoint directory, the hashing
 //! behind it, the isolation rule restores must keep, and the room a checkpoint needs.
 
+pub mod describe;
+pub mod dir;
+pub mod extra;
 pub mod hash;
 pub mod isolation;
 pub mod manifest;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::{
     client::{Client, Result},
     fork::short,
-    sandboxes,
+    sandboxes, Error,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub fn forest(client: &Client, id: Option<&str>) -> Result<Vec<Node>> {
         None => Ok(all),
         Some(id) => find(&all, id)
             .map(|n| vec![n.clone()])
-            .ok_or_else(|| format!("sandbox {id}: not found")),
+            .ok_or_else(|| Error::from(format!("sandbox {id}: not found"))),
     }
 }
 

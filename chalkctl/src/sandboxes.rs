@@ -41,10 +41,7 @@ pub fn get(client: &Client, id: &str) -> Result<Value> {
 fn chalk_container(client: &Client, id: &str) -> Result<Container> {
     let c = client.container(id)?;
     if runtime_name(&c) != RUNTIME {
-        return Err(format!(
-            "sandbox {id} runs {:?}, not {RUNTIME}",
-            runtime_name(&c)
-        ));
+        return Err(format!("sandbox {id} runs {:?}, not {RUNTIME}", runtime_name(&c)).into());
     }
     Ok(c)
 }
@@ -64,11 +61,7 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn describe(
-    client: &Client,
-    c: &Container,
-    snaps: &[chalk_runtime::registry::Snapshot],
-) -> Result<Value> {
+fn describe(client: &Client, c: &Container, snaps: &[crate::registry::Snapshot]) -> Result<Value> {
     let task = client.task_status(&c.id)?;
     let status = match (&task, c.labels.get(SUSPENDED_FROM)) {
         (None, Some(_)) => "suspended".to_string(),
@@ -119,7 +112,7 @@ pub fn expire(client: &mut Client, id: &str, action: &str, progress: &Progress) 
         _ => {
             client.kill_and_delete_task(id);
             if client.task_status(id)?.is_some() {
-                return Err(format!("sandbox {id}: its task could not be deleted"));
+                return Err(format!("sandbox {id}: its task could not be deleted").into());
             }
             client.delete_container(id);
             client.remove_snapshot(&c.snapshotter, &c.snapshot_key);

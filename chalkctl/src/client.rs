@@ -28,8 +28,9 @@ use containerd_client::{
     with_namespace,
 };
 
-/// A failed call, as the user should read it.
-pub type Result<T> = std::result::Result<T, String>;
+use crate::error::Error;
+pub use crate::error::Result;
+use chalk_runtime::snapshot::manifest::ImageRef;
 
 pub struct Client {
     rt: tokio::runtime::Runtime,
@@ -38,11 +39,8 @@ pub struct Client {
     lease: Option<String>,
 }
 
-fn describe(what: &str, e: Status) -> String {
-    match e.code() {
-        Code::NotFound => format!("{what}: not found"),
-        _ => format!("{what}: {}", e.message()),
-    }
+fn describe(what: &str, e: Status) -> Error {
+    Error::containerd(what, e)
 }
 
 impl Client {
@@ -52,7 +50,7 @@ impl Client {
             .worker_threads(2)
             .enable_all()
             .build()
-            .map_err(|e| format!("start a runtime: {e}"))?;
+            .map_err(|e| Error::from(format!("start a runtime: {e}")))?;
         let socket = address
             .strip_prefix("unix://")
             .unwrap_or(address)
@@ -65,7 +63,7 @@ impl Client {
                 )
                 .await
             })
-            .map_err(|_| format!("containerd at {socket} did not answer within 10 s"))?
+            .map_err(|_| Error::from(format!("containerd at {socket} did not answer within 10 s")))?
             .map_err(|e| {
                 format!("cannot reach containerd at {socket}: {e} (is it running? set --address or CONTAINERD_ADDRESS)")
             })?;
@@ -118,7 +116,7 @@ impl Client {
             .map_err(|e| describe(&format!("sandbox {id}"), e))?
             .into_inner()
             .container
-            .ok_or_else(|| format!("sandbox {id}: empty answer"))
+            .ok_or_else(|| Error::from(format!("sandbox {id}: empty answer")))
     }
 
     /// Sets annotation `key` in the container record's spec (not the running sandbox's).
@@ -128,14 +126,14 @@ impl Client {
         let spec = c
             .spec
             .as_mut()
-            .ok_or_else(|| format!("sandbox {id} has no spec"))?;
+            .ok_or_else(|| Error::from(format!("sandbox {id} has no spec")))?;
         let mut parsed: serde_json::Value = serde_json::from_slice(&spec.value)
-            .map_err(|e| format!("spec of sandbox {id}: {e}"))?;
+            .map_err(|e| Error::from(format!("spec of sandbox {id}: {e}")))?;
         if !parsed["annotations"].is_object() {
             parsed["annotations"] = serde_json::json!({});
         }
         parsed["annotations"][key] = value.into();
-        spec.value = serde_json::to_vec(&parsed).map_err(|e| e.to_string())?;
+        spec.value = serde_json::to_vec(&parsed).map_err(|e| Error::from(e.to_string()))?;
         self.update_container(c, "spec")
     }
 
@@ -165,6 +163,32 @@ impl Client {
         self.update_container(c, &format!("labels.{key}"))
     }
 
+    /// The image container `id` runs: its name and the digest that name points at now (a
+    /// reference pinned by digest names its own); None when it was made without one (e.g.
+    /// `ctr run --rootfs`). Spec annotations cannot tell: `ctr` and the Go client put no image
+    /// in the spec.
+    pub fn image_of(&self, id: &str) -> Result<Option<ImageRef>> {
+        let container = self.container(id)?;
+        if container.image.is_empty() {
+            return Ok(None);
+        }
+        if let Some((_, digest)) = ImageRef::pinned(&container.image) {
+            return Ok(Some(ImageRef {
+                digest: digest.to_string(),
+                name: container.image,
+            }));
+        }
+        let digest = self
+            .image(&container.image)?
+            .target
+            .map(|t| t.digest)
+            .unwrap_or_default();
+        Ok(Some(ImageRef {
+            name: container.image,
+            digest,
+        }))
+    }
+
     pub fn containers(&self) -> Result<Vec<Container>> {
         let req = self.req(ListContainersRequest::default());
         Ok(self
@@ -184,7 +208,7 @@ impl Client {
             .map_err(|e| describe(&format!("image {name}"), e))?
             .into_inner()
             .image
-            .ok_or_else(|| format!("image {name}: empty answer"))
+            .ok_or_else(|| Error::from(format!("image {name}: empty answer")))
     }
 
     /// Images whose labels match containerd's filter syntax (e.g. `labels."k"==v`).
@@ -483,14 +507,14 @@ impl Client {
 /// Refuses `data` unless it hashes to `digest` (`sha256:` digests; others are not made here).
 pub fn verify_digest(digest: &str, data: &[u8]) -> Result<()> {
     let Some(expected) = digest.strip_prefix("sha256:") else {
-        return Err(format!("{digest}: only sha256 digests are supported"));
+        return Err(format!("{digest}: only sha256 digests are supported").into());
     };
     let actual = chalk_runtime::snapshot::hash::sha256_hex(data);
     if actual != expected {
         return Err(format!(
             "{digest} does not verify: its content in containerd's store hashes to sha256:{actual}; \
              the store was changed or damaged: delete what uses it and store it again"
-        ));
+        ).into());
     }
     Ok(())
 }
@@ -517,7 +541,7 @@ mod tests {
         let empty = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
         assert!(verify_digest(empty, b"").is_ok());
         let err = verify_digest(empty, b"x").unwrap_err();
-        assert!(err.contains("does not verify"), "{err}");
+        assert!(err.to_string().contains("does not verify"), "{err}");
         assert!(verify_digest("md5:00", b"").is_err());
     }
 }

@@ -2,7 +2,9 @@
 
 use std::{collections::HashMap, time::Instant};
 
-use chalk_runtime::{registry::Status, snapshot::hash::sha256_hex};
+use chalk_runtime::snapshot::{hash::sha256_hex, manifest::PodMember, Manifest};
+
+use crate::registry::Status;
 use containerd_client::{
     services::v1::{container::Runtime, Container},
     types::Descriptor,
@@ -14,6 +16,7 @@ use crate::{
     client::{Client, Result},
     progress::Progress,
     snapshots::{self, CHECKPOINT_TAR, RUNTIME},
+    Error,
 };
 
 const CHECKPOINT_SPEC: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
@@ -29,14 +32,6 @@ pub struct Forked {
     pub id: String,
     pub pid: Result<u32>,
     pub elapsed_ms: u64,
-}
-
-/// A container of a pod that was in the snapshot's sandbox besides its sandbox container.
-struct PodMember {
-    id: String,
-    name: String,
-    image: String,
-    spec: Value,
 }
 
 /// What a snapshot's index holds for a restore.
@@ -65,7 +60,8 @@ fn descriptor(v: &Value) -> Descriptor {
 }
 
 fn read_json(client: &Client, digest: &str) -> Result<Value> {
-    serde_json::from_slice(&client.read_blob(digest)?).map_err(|e| format!("{digest}: {e}"))
+    serde_json::from_slice(&client.read_blob(digest)?)
+        .map_err(|e| Error::from(format!("{digest}: {e}")))
 }
 
 pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
@@ -92,7 +88,7 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
         .map(|m| descriptor(m))
         .ok_or("the snapshot names no base image")?;
     let spec = prost_types::Any::decode(&client.read_blob(&spec_desc.digest)?[..])
-        .map_err(|e| format!("the snapshot's spec: {e}"))?;
+        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
     let note = |k: &str| {
         index["annotations"][k]
             .as_str()
@@ -117,51 +113,38 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
     })
 }
 
-/// The snapshot's manifest, read from its checkpoint (Null for a checkpoint without one,
+/// The snapshot's manifest, read from its checkpoint (None for a checkpoint without one,
 /// which the shim refuses at restore).
-fn manifest(client: &Client, checkpoint: &str) -> Result<Value> {
+fn manifest(client: &Client, checkpoint: &str) -> Result<Option<Manifest>> {
     match snapshots::tar_entry(client, checkpoint, "chalk.manifest.json")? {
-        Some(text) => serde_json::from_slice(&text).map_err(|e| format!("the manifest: {e}")),
-        None => Ok(Value::Null),
+        Some(text) => serde_json::from_slice(&text)
+            .map(Some)
+            .map_err(|e| Error::from(format!("the manifest: {e}"))),
+        None => Ok(None),
     }
 }
 
 /// The pod containers a manifest records (none for a plain sandbox).
-fn pod_members(m: &Value) -> Result<Vec<PodMember>> {
-    m["extra"]["pod"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            let field = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-            let member = PodMember {
-                id: field("id"),
-                name: field("name"),
-                image: field("image"),
-                spec: c["spec"].clone(),
-            };
-            if member.name.is_empty() || member.image.is_empty() || !member.spec.is_object() {
-                return Err(format!(
-                    "the snapshot records pod container {} without its name, image or spec",
-                    member.id
-                ));
-            }
-            Ok(member)
-        })
-        .collect()
+fn pod_members(m: Option<&Manifest>) -> Result<Vec<PodMember>> {
+    let members = m
+        .and_then(|m| m.extra.pod.clone())
+        .map_or_else(Vec::new, |p| p.containers);
+    for member in &members {
+        if member.name.is_empty() || member.image.is_empty() || !member.spec.is_object() {
+            return Err(format!(
+                "the snapshot records pod container {} without its name, image or spec",
+                member.id
+            )
+            .into());
+        }
+    }
+    Ok(members)
 }
 
 /// How much host memory one restore of the snapshot takes: the sandbox's memory when it was
 /// taken, as the manifest records it, else the size of its checkpoint files.
-pub fn memory_of(m: &Value) -> u64 {
-    m["memory_bytes"].as_u64().unwrap_or_else(|| {
-        m["files"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f["size"].as_u64())
-            .sum()
-    })
+pub fn memory_of(m: Option<&Manifest>) -> u64 {
+    m.map_or(0, |m| m.memory_bytes.unwrap_or_else(|| m.total_size()))
 }
 
 /// An image's config (for this platform's manifest when the image is an index) and the
@@ -176,7 +159,12 @@ pub(crate) fn image_config(client: &Client, target: &Descriptor) -> Result<(Valu
             .flatten()
             .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
             .and_then(|m| m["digest"].as_str())
-            .ok_or_else(|| format!("image {} has no linux/{arch} manifest", target.digest))?
+            .ok_or_else(|| {
+                Error::from(format!(
+                    "image {} has no linux/{arch} manifest",
+                    target.digest
+                ))
+            })?
             .to_string();
         manifest = read_json(client, &digest)?;
     }
@@ -231,7 +219,7 @@ pub fn check_ids(id: Option<&str>, sandbox: &str, count: usize) -> Result<()> {
         return Err("--count must be at least 1".into());
     }
     for new in fork_ids(id, sandbox, "20261201000000000", count) {
-        chalk_runtime::ids::container_id(&new).map_err(|e| e.to_string())?;
+        chalk_runtime::ids::container_id(&new).map_err(|e| Error::from(e.to_string()))?;
     }
     Ok(())
 }
@@ -254,22 +242,29 @@ pub fn fork(
                 "snapshot {} is still in progress ({}): fork it once \
                  `chalkctl snapshot get --snapshot-id {}` reads completed",
                 snap.name, snap.status, snap.name
-            ))
+            )
+            .into())
         }
         Status::Failed => {
             return Err(format!(
                 "snapshot {} failed ({}): there is nothing to fork; take a new one",
                 snap.name,
                 snap.error.as_deref().unwrap_or("no error recorded")
-            ))
+            )
+            .into())
         }
     }
     let mut p = parts(client, &snap.digest)?;
     p.source = snap.sandbox_id.clone();
     let m = manifest(client, &p.checkpoint.digest)?;
-    p.members = pod_members(&m)?;
+    p.members = pod_members(m.as_ref())?;
     p.lifetime = opts.clone();
-    check_memory(memory_of(&m), count, host_available_memory(), opts.force)?;
+    check_memory(
+        memory_of(m.as_ref()),
+        count,
+        host_available_memory(),
+        opts.force,
+    )?;
     let stamp: String = snapshots::now()
         .chars()
         .filter(char::is_ascii_digit)
@@ -361,14 +356,15 @@ pub fn check_memory(each: u64, count: usize, available: Option<u64>, force: bool
         snapshots::megabytes(each),
         snapshots::megabytes(need),
         snapshots::megabytes(available)
-    ))
+    )
+    .into())
 }
 
 fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
-    chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
+    chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
     client.prepare_snapshot(&p.snapshotter, id, &p.chain_id)?;
-    let mut spec: Value =
-        serde_json::from_slice(&p.spec.value).map_err(|e| format!("the snapshot's spec: {e}"))?;
+    let mut spec: Value = serde_json::from_slice(&p.spec.value)
+        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
     // A pod's sandbox container (with or without other containers) becomes a pod of its own.
     let is_pod = spec["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID].is_string();
     let pod = is_pod.then_some((p.source.as_str(), id));
@@ -391,7 +387,7 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
                 client.delete_container(member);
                 client.remove_snapshot(&p.snapshotter, member);
             }
-            return Err(format!("pod container {} of the fork: {e}", m.name));
+            return Err(format!("pod container {} of the fork: {e}", m.name).into());
         }
     }
     Ok(pid)
@@ -406,7 +402,7 @@ fn member_ids(fork: &str, members: &[PodMember]) -> Result<Vec<String>> {
         .map(|m| format!("{}-{fork}", m.name))
         .collect();
     for id in &ids {
-        chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
+        chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
     }
     let all: Vec<&str> = std::iter::once(fork)
         .chain(ids.iter().map(String::as_str))
@@ -416,7 +412,8 @@ fn member_ids(fork: &str, members: &[PodMember]) -> Result<Vec<String>> {
             return Err(format!(
                 "fork id {fork}: the fork's containers would be {a} and {b}, and runsc cannot \
                  tell ids apart when one begins another; pick another --id"
-            ));
+            )
+            .into());
         }
     }
     Ok(ids)
@@ -436,7 +433,7 @@ fn member(
     let image = client.image(&m.image)?;
     let target = image
         .target
-        .ok_or_else(|| format!("image {} has no target", m.image))?;
+        .ok_or_else(|| Error::from(format!("image {} has no target", m.image)))?;
     let (_, chain_id) = image_config(client, &target)?;
     client.prepare_snapshot(&p.snapshotter, id, &chain_id)?;
     made.push(id.to_string());
@@ -491,7 +488,7 @@ fn fork_container(
         }),
         spec: Some(prost_types::Any {
             type_url: p.spec.type_url.clone(),
-            value: serde_json::to_vec(spec).map_err(|e| e.to_string())?,
+            value: serde_json::to_vec(spec).map_err(|e| Error::from(e.to_string()))?,
         }),
         snapshotter: p.snapshotter.clone(),
         snapshot_key: id.to_string(),
@@ -503,7 +500,7 @@ fn fork_container(
 pub fn resume(client: &mut Client, id: &str, progress: &Progress) -> Result<(String, u32)> {
     let container = client.container(id)?;
     let Some(digest) = container.labels.get(snapshots::SUSPENDED_FROM).cloned() else {
-        return Err(format!("sandbox {id} is not suspended"));
+        return Err(format!("sandbox {id} is not suspended").into());
     };
     let p = parts(client, &digest)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
@@ -543,7 +540,7 @@ mod tests {
         assert_eq!(ids, ["web-pf", "side-pf"]);
         // "w" begins "web-w": runsc could not tell them apart.
         let err = member_ids("w", &[member("web")]).unwrap_err();
-        assert!(err.contains("pick another --id"), "{err}");
+        assert!(err.to_string().contains("pick another --id"), "{err}");
         assert!(member_ids("pf", &[member("a"), member("a-pf")]).is_err());
     }
 

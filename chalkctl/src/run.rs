@@ -14,6 +14,7 @@ use crate::{
     client::{Client, Result},
     fork::image_config,
     snapshots::RUNTIME,
+    Error,
 };
 
 const SPEC_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
@@ -124,11 +125,11 @@ pub fn run(
     lifetime: (Option<&str>, Option<&str>),
     cmd: &[String],
 ) -> Result<u32> {
-    chalk_runtime::ids::container_id(id).map_err(|e| e.to_string())?;
+    chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
     let record = client.image(image)?;
     let target = record
         .target
-        .ok_or_else(|| format!("image {image} has no target"))?;
+        .ok_or_else(|| Error::from(format!("image {image} has no target")))?;
     let (config, chain_id) = image_config(client, &target)?;
     let spec = spec(id, &config, lifetime, cmd)?;
     client.lease(&format!("chalkctl-run-{id}"))?;
@@ -147,7 +148,7 @@ pub fn run(
         }),
         spec: Some(prost_types::Any {
             type_url: SPEC_TYPE.into(),
-            value: serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
+            value: serde_json::to_vec(&spec).map_err(|e| Error::from(e.to_string()))?,
         }),
         snapshotter: snapshotter.to_string(),
         snapshot_key: id.to_string(),

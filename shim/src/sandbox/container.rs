@@ -1,22 +1,54 @@
 //! What the shim tracks per container and per process.
+//!
+//! Locks: each container's `state` guards its processes. It is held for bookkeeping only,
+//! never across runsc's restore or checkpoint, hooks or cuda-checkpoint (those mark the init
+//! [`Busy`] and let go, so State, Kill and exits go on meanwhile). Where two containers'
+//! states are taken together (a pod's container, then its sandbox container), the member's
+//! comes first. `terminal_gate` is taken before `state`, the shim's map of containers never
+//! while a container's state is held.
 
 use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Condvar, Mutex,
+        Arc, Condvar, Mutex, OnceLock,
     },
     time::{Duration, SystemTime},
 };
 
+use chalk_hooks::{GpuOptions, HookSpec};
 use chalk_runtime::{
-    runsc::{Features, Runsc},
+    lifetime::Lifetime,
+    runsc::{Features, SandboxRuntime},
     spec::Placement,
     state::Status,
+    terminal::TerminalState,
 };
 
-use crate::io::{ProcessIo, StdioPaths};
+use crate::{
+    io::{ProcessIo, StdioPaths, TerminalSignals},
+    unpacked::UnpackedCheckpoint,
+};
+
+/// An exit status of a process killed by `signal`.
+pub fn killed_by(signal: i32) -> u32 {
+    128 + signal as u32
+}
+
+/// The status of a process that was SIGKILLed (or never came to be, as runc's shim says).
+pub const KILLED: u32 = 128 + libc::SIGKILL as u32;
+/// The status of an exec whose runsc could not tell how it ended.
+pub const LOST: u32 = 255;
+
+/// Long work on the init during which its lock is not held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// A restore at Start (runsc restore, then CUDA and post-restore hooks).
+    Starting,
+    /// A checkpoint (on the 2022 runsc, the sandbox is replaced by its restore).
+    Checkpointing,
+}
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +111,11 @@ pub struct Process {
     /// The terminal size last asked for (ResizePty), also before the terminal exists: a
     /// restore makes its terminal at Start.
     pub size: Option<(u32, u32)>,
+    /// Set while long work on the init goes on without the lock.
+    pub busy: Option<Busy>,
+    /// The sandbox's exit (with its pid), when it came while the init was busy: reported
+    /// once the work is done, after what the work itself reports (TaskStart).
+    pub pending_exit: Option<(u32, i32)>,
 }
 
 impl Process {
@@ -91,6 +128,8 @@ impl Process {
             io: ProcessIo::default(),
             exit: Arc::default(),
             size: None,
+            busy: None,
+            pending_exit: None,
         }
     }
 }
@@ -127,10 +166,18 @@ pub struct RestoreFrom {
     /// when it starts).
     pub pod_members: usize,
     /// The terminal the sandbox's init had, for its new one.
-    pub terminal: Option<chalk_runtime::terminal::TerminalState>,
+    pub terminal: Option<TerminalState>,
     /// Set when `dir` is containerd's unpacked copy: removed once runsc has it (or with the
     /// container, if it never starts).
-    pub unpacked: Mutex<Option<crate::unpacked::UnpackedCheckpoint>>,
+    pub unpacked: Mutex<Option<UnpackedCheckpoint>>,
+}
+
+/// A container's GPU settings, when it is a GPU sandbox.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub options: GpuOptions,
+    /// runsc runs it with nvproxy.
+    pub nvproxy: bool,
 }
 
 pub struct Container {
@@ -139,10 +186,10 @@ pub struct Container {
     pub sandbox_id: String,
     /// Whether it makes its sandbox or runs inside its pod's.
     pub placement: Placement,
-    /// The OOM score it asks for; the shim sets the sandbox's (see `adjust_oom_score`).
+    /// The OOM score it asks for; the shim sets the sandbox's (see `pod::adjust_oom_score`).
     pub oom_score_adj: Option<i32>,
     pub bundle: PathBuf,
-    pub runsc: Runsc,
+    pub runtime: Arc<dyn SandboxRuntime>,
     /// What this container's runsc binary can do.
     pub features: Features,
     pub rootfs_mounted: bool,
@@ -154,20 +201,22 @@ pub struct Container {
     /// Whether the running sandbox came from a checkpoint (runsc treats those differently).
     pub restored: AtomicBool,
     /// What runs around its checkpoints and restores: the options' hooks, then its own.
-    pub hooks: Vec<chalk_hooks::HookSpec>,
+    pub hooks: Vec<HookSpec>,
     /// Set for a GPU sandbox: how its CUDA processes are handed to cuda-checkpoint.
-    pub gpu: Option<crate::gpu::Gpu>,
+    pub gpu: Option<Gpu>,
     /// Whether a checkpoint first checks its directory has room (`[snapshot]` options).
     pub check_free_space: bool,
     /// Delivers the signals of its terminal's keys once it has been restored (see
     /// `terminal.rs`); made once.
-    pub terminal_signals: std::sync::OnceLock<crate::io::TerminalSignals>,
+    pub terminal_signals: OnceLock<TerminalSignals>,
     /// Held while such a signal is delivered and while the sandbox is checkpointed: a helper
     /// exec'd into the sandbox must not cross the 2022 runsc's in-place restore.
     pub terminal_gate: Mutex<()>,
     /// How long it may run from each start, and what happens then (see `lifetime.rs`).
-    pub lifetime: Option<chalk_runtime::lifetime::Lifetime>,
+    pub lifetime: Option<Lifetime>,
     pub state: Mutex<ContainerState>,
+    /// Notified when the init stops being [`Busy`].
+    pub idle: Condvar,
 }
 
 impl Container {
@@ -191,6 +240,40 @@ impl Container {
 
     pub fn init_pid_path(&self) -> PathBuf {
         self.bundle.join("init.pid")
+    }
+
+    /// Ends the sandbox at once (SIGKILL to all it runs, then to the sandbox process); its
+    /// exit is reported as any other.
+    pub fn kill_sandbox(&self) {
+        if let Err(e) = self
+            .runtime
+            .kill(&self.id, libc::SIGKILL as u32, true, None)
+        {
+            log::warn!("container {}: kill --all: {e}", self.id);
+        }
+        let pid = self.state.lock().unwrap().init.pid;
+        kill_pid(pid);
+    }
+
+    /// Waits while the init is [`Busy`] (releasing the lock meanwhile).
+    pub fn wait_idle<'a>(
+        &self,
+        mut st: std::sync::MutexGuard<'a, ContainerState>,
+    ) -> std::sync::MutexGuard<'a, ContainerState> {
+        while st.init.busy.is_some() {
+            st = self.idle.wait(st).unwrap();
+        }
+        st
+    }
+}
+
+/// SIGKILLs host process `pid` (a sandbox the shim adopted), if any.
+pub fn kill_pid(pid: u32) {
+    if pid > 0 {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 

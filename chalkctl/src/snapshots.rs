@@ -3,16 +3,16 @@
 
 use std::collections::HashMap;
 
-use chalk_runtime::{
-    registry::{self, Filter, Snapshot, Status},
-    snapshot::manifest::ImageRef,
-};
+use chalk_runtime::snapshot::{manifest::ImageRef, Manifest};
+
+use crate::registry::{self, Filter, Snapshot, Status};
 use containerd_client::{services::v1::Image, types::Descriptor};
 use serde_json::{json, Value};
 
 use crate::{
     client::{runtime_name, Client, Result},
     progress::Progress,
+    Error,
 };
 
 pub const RUNTIME: &str = "io.containerd.chalk.v1";
@@ -52,12 +52,13 @@ pub fn begin(
         return Err(format!(
             "sandbox {id} runs {:?}, not {RUNTIME}: only chalk sandboxes can be snapshotted",
             runtime_name(&container)
-        ));
+        )
+        .into());
     }
     if container.image.is_empty() {
         return Err(format!(
             "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
-        ));
+        ).into());
     }
     let (image, base) = base_image(client, &container.image)?;
     let created = now();
@@ -84,7 +85,7 @@ pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descripto
         let target = client
             .image(reference)?
             .target
-            .ok_or_else(|| format!("image {reference} has no target"))?;
+            .ok_or_else(|| Error::from(format!("image {reference} has no target")))?;
         return Ok((reference.to_string(), target));
     };
     // Verified against its digest on the way, like every blob chalkctl reads.
@@ -92,7 +93,7 @@ pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descripto
         format!("image {reference}: its manifest is not in containerd's content store ({e})")
     })?;
     let manifest: Value = serde_json::from_slice(&blob)
-        .map_err(|e| format!("image {reference}: its manifest is not JSON: {e}"))?;
+        .map_err(|e| Error::from(format!("image {reference}: its manifest is not JSON: {e}")))?;
     let media_type = match manifest["mediaType"].as_str() {
         Some(t) => t.to_string(),
         // OCI lets a manifest leave its own type out: an index lists manifests.
@@ -116,18 +117,18 @@ pub fn pending(client: &Client, name: &str) -> Result<Begun> {
     let labels = image.labels.clone().into_iter().collect();
     let base = image
         .target
-        .ok_or_else(|| format!("snapshot {name} has no target"))?;
+        .ok_or_else(|| Error::from(format!("snapshot {name} has no target")))?;
     let snap = Snapshot::from_record(name, &base.digest, &labels)
-        .ok_or_else(|| format!("{name} is not a snapshot"))?;
+        .ok_or_else(|| Error::from(format!("{name} is not a snapshot")))?;
     if snap.status != Status::Pending {
-        return Err(format!("snapshot {name} is {}, not pending", snap.status));
+        return Err(format!("snapshot {name} is {}, not pending", snap.status).into());
     }
     let image = snap
         .base_image
         .as_deref()
         .and_then(|b| b.rsplit_once('@'))
         .map(|(name, _)| name.to_string())
-        .ok_or_else(|| format!("snapshot {name} names no base image"))?;
+        .ok_or_else(|| Error::from(format!("snapshot {name} names no base image")))?;
     Ok(Begun { snap, image, base })
 }
 
@@ -174,7 +175,7 @@ pub fn finish(
         }
         Err(e) => {
             snap.status = Status::Failed;
-            snap.error = Some(e.clone());
+            snap.error = Some(e.to_string());
             client.update_image(record(&snap, base))?;
             Err(e)
         }
@@ -249,7 +250,7 @@ fn checkpoint_index(
             labels.insert(format!("containerd.io/gc.ref.content.{i}"), d.to_string());
         }
     }
-    let bytes = serde_json::to_vec(&index).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(&index).map_err(|e| Error::from(e.to_string()))?;
     Ok((client.write_blob(INDEX, bytes, labels)?, size))
 }
 
@@ -286,11 +287,11 @@ pub fn find(client: &Client, query: &str) -> Result<Snapshot> {
         .filter(|s| s.matches(query))
         .collect();
     match found.len() {
-        0 => Err(format!("snapshot {query}: not found")),
+        0 => Err(format!("snapshot {query}: not found").into()),
         1 => Ok(found.remove(0)),
-        n => Err(format!(
-            "snapshot {query} is ambiguous: {n} snapshots match; give more digits"
-        )),
+        n => Err(
+            format!("snapshot {query} is ambiguous: {n} snapshots match; give more digits").into(),
+        ),
     }
 }
 
@@ -301,7 +302,7 @@ pub fn list(
     limit: usize,
     cursor: Option<&str>,
 ) -> Result<registry::Page> {
-    registry::page(&all(client)?, filter, limit, cursor).map_err(|e| e.to_string())
+    registry::page(&all(client)?, filter, limit, cursor).map_err(|e| Error::from(e.to_string()))
 }
 
 /// `delete`: the record goes; its content goes with containerd's garbage collection once
@@ -321,7 +322,8 @@ pub fn delete(client: &Client, snap: &Snapshot) -> Result<()> {
             "snapshot {} is what suspended sandbox(es) {} resume from: resume or remove them first",
             snap.digest,
             needing.join(", ")
-        ));
+        )
+        .into());
     }
     client.delete_image(&snap.name)
 }
@@ -334,8 +336,8 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
     if snap.status != Status::Completed {
         return Ok(Value::Null);
     }
-    let index: Value =
-        serde_json::from_slice(&client.read_blob(&snap.digest)?).map_err(|e| e.to_string())?;
+    let index: Value = serde_json::from_slice(&client.read_blob(&snap.digest)?)
+        .map_err(|e| Error::from(e.to_string()))?;
     let tar_digest = index["manifests"]
         .as_array()
         .into_iter()
@@ -347,27 +349,23 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
     let Some(text) = tar_entry(client, tar_digest, "chalk.manifest.json")? else {
         return Err("the checkpoint holds no chalk.manifest.json".into());
     };
-    let m: Value = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
-    let size: u64 = m["files"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["size"].as_u64())
-        .sum();
+    let m: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| Error::from(format!("the snapshot's manifest: {e}")))?;
     Ok(json!({
-        "kind": m["kind"],
-        "created": m["created"],
-        "runsc": m["runsc"]["version"],
-        "platform": m["runsc"]["platform"],
-        "image": m["image"],
-        "host": m["host"]["hostname"],
-        "files": m["files"].as_array().map_or(0, |f| f.len()),
-        "size": size,
-        "gpu": m["extra"]["gpu"],
+        "kind": m.kind,
+        "created": m.created,
+        "runsc": m.runsc.version,
+        "platform": m.runsc.platform,
+        "image": m.image,
+        "host": m.host.hostname,
+        "files": m.files.len(),
+        "size": m.total_size(),
+        "memory": m.memory_bytes,
+        "gpu": m.extra.gpu,
         // A pod sandbox's other containers (CRI names), captured with it.
-        "pod_containers": m["extra"]["pod"]["containers"]
-            .as_array()
-            .map(|cs| cs.iter().map(|c| c["name"].clone()).collect::<Vec<_>>()),
+        "pod_containers": m.extra.pod.map(|p| {
+            p.containers.into_iter().map(|c| c.name).collect::<Vec<_>>()
+        }),
     }))
 }
 
@@ -383,8 +381,12 @@ pub(crate) fn tar_entry(client: &Client, digest: &str, name: &str) -> Result<Opt
         }
         let mut header = tar::Header::new_old();
         header.as_mut_bytes().copy_from_slice(&block);
-        let size = header.entry_size().map_err(|e| format!("{digest}: {e}"))?;
-        let path = header.path().map_err(|e| format!("{digest}: {e}"))?;
+        let size = header
+            .entry_size()
+            .map_err(|e| Error::from(format!("{digest}: {e}")))?;
+        let path = header
+            .path()
+            .map_err(|e| Error::from(format!("{digest}: {e}")))?;
         if path.to_string_lossy().trim_start_matches("./") == name {
             // A ranged read of size 0 means "to the end" to containerd.
             if size == 0 {

@@ -1,21 +1,17 @@
 //! chalkctl: snapshots of chalk sandboxes over containerd's API, with `ctr`'s conventions
 //! (`--address`/`CONTAINERD_ADDRESS`, `--namespace`/`CONTAINERD_NAMESPACE`).
 
-mod client;
-mod fork;
-mod progress;
-mod run;
-mod sandboxes;
-mod snapshots;
-mod tree;
-
 use std::process::ExitCode;
 
-use chalk_runtime::registry::{self, Filter, Status};
+use chalkctl::{
+    client::Client,
+    fork,
+    progress::Progress,
+    registry::{self, Filter, Status},
+    run, sandboxes, snapshots, tree, Error, Result,
+};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
-
-use crate::{client::Client, progress::Progress};
 
 #[derive(Parser)]
 #[command(
@@ -218,7 +214,7 @@ fn main() -> ExitCode {
 }
 
 /// Runs the command; prints tables itself and returns the JSON form.
-fn run(cli: &Cli) -> Result<Value, String> {
+fn run(cli: &Cli) -> Result<Value> {
     let mut client = Client::connect(&cli.address, &cli.namespace)?;
     let table = cli.output == Output::Table;
     let progress = Progress::new(table);
@@ -366,7 +362,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 for f in &forks {
                     let (pid, err) = match &f.pid {
                         Ok(pid) => (pid.to_string(), String::new()),
-                        Err(e) => ("-".to_string(), e.clone()),
+                        Err(e) => ("-".to_string(), e.to_string()),
                     };
                     println!(
                         "{:<40} {pid:<10} {:<10} {err}",
@@ -385,7 +381,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 "forks": forks.iter().map(|f| json!({
                     "id": f.id,
                     "pid": f.pid.as_ref().ok(),
-                    "error": f.pid.as_ref().err(),
+                    "error": f.pid.as_ref().err().map(ToString::to_string),
                     "elapsed_ms": f.elapsed_ms,
                 })).collect::<Vec<_>>(),
                 "elapsed_ms": progress.elapsed_ms(),
@@ -398,7 +394,7 @@ fn run(cli: &Cli) -> Result<Value, String> {
                 if cli.output == Output::Json {
                     println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
                 }
-                return Err(format!("{failed} of {} forks failed", forks.len()));
+                return Err(format!("{failed} of {} forks failed", forks.len()).into());
             }
             Ok(out)
         }
@@ -499,9 +495,10 @@ fn run(cli: &Cli) -> Result<Value, String> {
 
 /// Starts `chalkctl snapshot finish` for record `name` in a session of its own, detached
 /// from this terminal, so the checkpoint goes on after this command returns.
-fn spawn_finish(cli: &Cli, name: &str) -> Result<(), String> {
+fn spawn_finish(cli: &Cli, name: &str) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().map_err(|e| format!("find chalkctl itself: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| Error::from(format!("find chalkctl itself: {e}")))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["--address", &cli.address, "--namespace", &cli.namespace])
         .args(["snapshot", "finish", "--name", name])
@@ -517,7 +514,7 @@ fn spawn_finish(cli: &Cli, name: &str) -> Result<(), String> {
     }
     cmd.spawn()
         .map(drop)
-        .map_err(|e| format!("start the background checkpoint of {name}: {e}"))
+        .map_err(|e| Error::from(format!("start the background checkpoint of {name}: {e}")))
 }
 
 /// One record as `key value` lines: nested objects as `key.sub`, and snapshots one per line

@@ -1,0 +1,16 @@
+//! chalkctl's library: a blocking client of containerd's API (also what the shim asks
+//! containerd through), the snapshot registry kept in containerd's image store, and the
+//! operations of the command line (snapshot, fork, suspend and resume, lifetimes, the fork
+//! tree). The command line itself (`main.rs`, feature `cli`) only parses and prints.
+
+pub mod client;
+pub mod error;
+pub mod fork;
+pub mod progress;
+pub mod registry;
+pub mod run;
+pub mod sandboxes;
+pub mod snapshots;
+pub mod tree;
+
+pub use error::{Error, Result};

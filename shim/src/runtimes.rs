@@ -1,0 +1,173 @@
+//! Which runsc a container runs with, and with which flags: the options' `[runsc_config]`,
+//! then what the shim adds where the options say nothing (a root per sandbox, the shared
+//! root, in-sandbox seccomp, the memory-backed root overlay, a network this runsc can have
+//! here). What a runsc binary can do is probed once per shim and cached on disk. Behind a
+//! trait, so that the Task layer runs on a fake in its tests.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, LazyLock, Mutex},
+};
+
+use chalk_runtime::{
+    options::RuntimeOptions,
+    runsc::{
+        probe::{self, NetworkProbe},
+        FeatureCache, Features, GlobalArgs, Runsc, SandboxRuntime,
+    },
+};
+
+use crate::{
+    errors::{Result, ShimError},
+    reaper::ReaperSpawner,
+};
+
+/// Makes the runtime of a container.
+pub trait RuntimeFactory: Send + Sync {
+    /// The runtime of container `id` (in sandbox `sandbox_id`) of containerd namespace
+    /// `namespace`, with bundle `bundle`, under `opts`; and what it can do.
+    fn runtime_for(
+        &self,
+        opts: &RuntimeOptions,
+        namespace: &str,
+        bundle: &Path,
+        id: &str,
+        sandbox_id: &str,
+    ) -> Result<(Arc<dyn SandboxRuntime>, Features)>;
+}
+
+/// What each runsc binary supports, probed once per shim process.
+static FEATURES: LazyLock<Mutex<HashMap<PathBuf, Features>>> = LazyLock::new(Default::default);
+
+/// The real one: runsc.
+pub struct RunscRuntimes;
+
+impl RuntimeFactory for RunscRuntimes {
+    fn runtime_for(
+        &self,
+        opts: &RuntimeOptions,
+        namespace: &str,
+        bundle: &Path,
+        id: &str,
+        sandbox_id: &str,
+    ) -> Result<(Arc<dyn SandboxRuntime>, Features)> {
+        let (runsc, features) = runsc_for(opts, namespace, bundle, id, sandbox_id)?;
+        Ok((Arc::new(runsc), features))
+    }
+}
+
+fn runsc_for(
+    opts: &RuntimeOptions,
+    namespace: &str,
+    bundle: &Path,
+    id: &str,
+    sandbox_id: &str,
+) -> Result<(Runsc, Features)> {
+    // `%ID%` in a flag (e.g. debug-log) names the container, whatever the runsc release.
+    let flags = opts
+        .runsc_flags()
+        .map_err(ShimError::InvalidArgument)?
+        .into_iter()
+        .map(|f| f.replace("%ID%", id))
+        .collect();
+    // One runsc root per sandbox: the 2022 runsc resolves ids by prefix and refuses
+    // "web" while "web-2" exists in the same root ("id is ambiguous").
+    let shared_root = opts.runsc_root(namespace)?;
+    let root = shared_root.join(sandbox_id);
+    let mut runsc = Runsc::new(
+        &opts.binary_name,
+        GlobalArgs { root, flags },
+        bundle,
+        Arc::new(ReaperSpawner),
+    );
+    let binary = runsc.binary().to_path_buf();
+    let disk = FeatureCache::new(opts.root.join(".features"));
+    let cached = FEATURES.lock().unwrap().get(&binary).cloned();
+    let mut features = match cached.or_else(|| disk.get(&binary)) {
+        Some(f) => f,
+        None => {
+            let f = runsc.features()?;
+            log::info!("runsc {}: {}", binary.display(), f.version);
+            disk.put(&binary, &f);
+            f
+        }
+    };
+    // What runsc shares between sandboxes (current builds pin a "null" network namespace
+    // there) stays in the namespace's root, not in each sandbox's.
+    if features.global_flags.contains("shared-root")
+        && !opts.runsc_config.contains_key("shared-root")
+    {
+        runsc.add_flag(&format!("--shared-root={}", shared_root.display()));
+    }
+    // A seccomp profile in the spec (Kubernetes' RuntimeDefault, a pod's own) applies to
+    // the container's processes inside the sandbox, as it would under runc.
+    if features.global_flags.contains("oci-seccomp")
+        && !opts.runsc_config.contains_key("oci-seccomp")
+    {
+        runsc.add_flag("--oci-seccomp");
+    }
+    features
+        .check_flags(&runsc.global().flags)
+        .map_err(ShimError::InvalidArgument)?;
+    // No network chosen: runsc's default (a network of the sandbox's own) where this
+    // runsc can have it on this host, else loopback only. Tried once per binary while the
+    // cache lasts (under the options' root: /run/chalk is a tmpfs, so once per boot).
+    if !opts.runsc_config.contains_key("network") {
+        if features.network_probe.is_none() {
+            let work = opts.root.join(format!(".probe-{}", std::process::id()));
+            features.network_probe = probe::network(&runsc, &work)?;
+            if features.network_probe.is_some() {
+                disk.put(&binary, &features);
+            }
+            if features.network_probe == Some(NetworkProbe::NoneOnly) {
+                log::warn!(
+                    "{} cannot give sandboxes a network of their own on this host: they get \
+                     loopback only (network = \"none\"); set network under [runsc_config] \
+                     in the runtime options to choose",
+                    binary.display()
+                );
+            }
+        }
+        if features.network_probe == Some(NetworkProbe::NoneOnly) {
+            runsc.add_flag("--network=none");
+        }
+    }
+    // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
+    // unless the options choose an overlay themselves.
+    let user_overlay = ["overlay", "overlay2"]
+        .iter()
+        .any(|k| opts.runsc_config.contains_key(*k));
+    if let (false, Some(flag)) = (user_overlay, features.memory_overlay_flag()) {
+        runsc.add_flag(flag);
+    }
+    FEATURES
+        .lock()
+        .unwrap()
+        .insert(binary.clone(), features.clone());
+    log::info!(
+        "container {id}: runsc {} ({}); resource updates via {}",
+        binary.display(),
+        features.version,
+        if features.has_command("update") {
+            "runsc update"
+        } else {
+            "the sandbox cgroup"
+        }
+    );
+    Ok((runsc, features))
+}
+
+/// runsc's refusal of a network it cannot have on this host, with what to do about it.
+pub fn network_hint(e: ShimError) -> ShimError {
+    match &e {
+        ShimError::Runtime(r) if probe::refuses_network(r) => {
+            ShimError::FailedPrecondition(format!(
+                "{e} (this runsc cannot give a sandbox a network of its own on this host: set \
+                 network = \"none\" under [runsc_config] in the runtime options, or leave \
+                 network out for the shim to pick what works, or install a runsc from 2024 on)"
+            ))
+        }
+        _ => e,
+    }
+}

@@ -1,0 +1,278 @@
+//! Create: a container's bundle made ready (spec adapted, network namespace, private files,
+//! root filesystem), and its sandbox made by `runsc create`; a restore is only verified here
+//! and happens at Start. A failure leaves nothing behind.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use chalk_runtime::{
+    bundle::Record, executable, ids, lifetime::Lifetime, netns, options::RuntimeOptions,
+    spec::Placement,
+};
+use containerd_shim::protos::{
+    events::task::{TaskCreate, TaskIO},
+    topics,
+    types::mount::Mount,
+};
+use serde_json::Value;
+
+use super::{
+    container::{Container, ContainerState, Process},
+    launch::Launch,
+    Sandboxes,
+};
+use crate::{
+    bundle::{self, RootfsMount},
+    errors::{Result, ShimError},
+    io::StdioPaths,
+    runtimes::network_hint,
+    unpacked::{containerd_temp_dir, UnpackedCheckpoint},
+};
+
+/// What containerd's Create asks for.
+pub struct CreateRequest {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub rootfs: Vec<RootfsMount>,
+    pub stdio: StdioPaths,
+    /// A checkpoint directory to restore at Start (empty: start afresh).
+    pub checkpoint: String,
+    /// The runtime options, as decoded from the request (or why they could not be).
+    pub options: Result<RuntimeOptions>,
+}
+
+/// Undoes what Create made for a container, unless it got as far as a running container.
+struct Undo<'a> {
+    bundle: &'a Path,
+    rootfs_mounted: bool,
+    netns: Option<PathBuf>,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            bundle::cleanup(self.bundle, self.rootfs_mounted, self.netns.as_deref());
+        }
+    }
+}
+
+impl Sandboxes {
+    pub fn create(&self, req: CreateRequest) -> Result<u32> {
+        let CreateRequest {
+            id,
+            bundle: bundle_dir,
+            rootfs,
+            stdio,
+            checkpoint,
+            options,
+        } = req;
+        ids::container_id(&id)?;
+        if self.inner.containers.lock().unwrap().contains_key(&id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "container {id} already exists"
+            )));
+        }
+        // containerd's unpacked copy of a checkpoint goes whatever becomes of this request.
+        let mut unpacked = (!checkpoint.is_empty())
+            .then(|| UnpackedCheckpoint::of(Path::new(&checkpoint), &containerd_temp_dir()))
+            .flatten();
+        let opts = options?;
+        // The options may raise the shim's log level; containerd's -debug is never lowered.
+        if let Some(level) = opts.log_level.as_deref().and_then(|l| l.parse().ok()) {
+            if level > log::max_level() {
+                log::set_max_level(level);
+            }
+        }
+        let id = id.as_str();
+        if !bundle_dir.is_absolute() || !bundle_dir.join("config.json").exists() {
+            return Err(ShimError::InvalidArgument(format!(
+                "bundle {} has no config.json",
+                bundle_dir.display()
+            )));
+        }
+        let spec = bundle::read_spec(&bundle_dir).ok_or_else(|| {
+            ShimError::InvalidArgument(format!(
+                "{}/config.json is not valid JSON",
+                bundle_dir.display()
+            ))
+        })?;
+        let invalid = |e: String| ShimError::InvalidArgument(format!("container {id}: {e}"));
+        let placement = Placement::of(&spec).map_err(invalid)?;
+        if let Placement::InPod { sandbox_id } = &placement {
+            self.check_pod_sandbox(id, sandbox_id, &checkpoint)?;
+        }
+        let hooks = chalk_hooks::config::container_hooks(
+            &opts.hooks,
+            opts.allow_annotation_hooks,
+            spec.pointer(&format!(
+                "/annotations/{}",
+                chalk_hooks::config::HOOKS_ANNOTATION.replace('/', "~1")
+            ))
+            .and_then(|v| v.as_str()),
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+        let gpu = crate::gpu::of(&spec, &opts.gpu, &opts.runsc_flags().unwrap_or_default());
+        let lifetime = lifetime_of(id, &spec).map_err(invalid)?;
+        let sandbox_id = chalk_runtime::spec::sandbox_id_of(Some(&spec), id);
+        let (runtime, features) = self.inner.runtimes.runtime_for(
+            &opts,
+            self.namespace(),
+            &bundle_dir,
+            id,
+            &sandbox_id,
+        )?;
+
+        // A pod container lives in its sandbox's network, whatever its spec says.
+        let network = runtime.global().flag_value("network");
+        let netns = (!placement.in_pod() && netns::needs_private_netns(&spec, network))
+            .then(|| netns::netns_path(&opts.root, self.namespace(), id));
+        let mut adapted = bundle::adapted_spec(&spec, netns.as_deref(), stdio.terminal);
+        // A restore is verified before anything is made for it.
+        let restore_from = match checkpoint.as_str() {
+            "" => None,
+            dir => {
+                let from =
+                    self.verify_restore(id, Path::new(dir), &*runtime, &features, &adapted)?;
+                *from.unpacked.lock().unwrap() = unpacked.take();
+                Some(from)
+            }
+        };
+        bundle::create_private_dir(&runtime.global().root)?;
+        // Written before anything is made, so `shim delete` can undo any of it after a crash.
+        Record {
+            binary: runtime.binary().to_path_buf(),
+            root: runtime.global().root.clone(),
+            flags: runtime.global().flags.clone(),
+            rootfs_mounted: !rootfs.is_empty(),
+            netns: netns.clone(),
+        }
+        .write(&bundle_dir)?;
+        let mut undo = Undo {
+            bundle: &bundle_dir,
+            rootfs_mounted: false,
+            netns: None,
+            armed: true,
+        };
+        if let Some(path) = &netns {
+            netns::create(path).map_err(|e| {
+                ShimError::failed(format!("create network namespace {}", path.display()), e)
+            })?;
+            undo.netns = netns.clone();
+        }
+        crate::private_mounts::make_private(&mut adapted, &bundle_dir)
+            .map_err(|e| invalid(e.to_string()))?;
+        bundle::write_spec(&bundle_dir, &spec, &adapted)?;
+        undo.rootfs_mounted = bundle::mount_rootfs(&bundle_dir, &rootfs)?;
+        // runsc would only notice at start; containerd clients expect Create to fail.
+        executable::check(&spec, &bundle_dir)?;
+
+        let container = Container {
+            id: id.to_string(),
+            sandbox_id,
+            placement,
+            oom_score_adj: chalk_runtime::spec::workload_oom_score_adj(&spec),
+            pending_pod_members: Default::default(),
+            bundle: bundle_dir.clone(),
+            runtime,
+            features,
+            rootfs_mounted: undo.rootfs_mounted,
+            netns,
+            restore_from,
+            restored: Default::default(),
+            hooks,
+            gpu,
+            check_free_space: opts.snapshot.check_free_space,
+            terminal_signals: Default::default(),
+            terminal_gate: Default::default(),
+            lifetime,
+            state: Mutex::new(ContainerState {
+                init: Process::new("", stdio.clone()),
+                execs: HashMap::new(),
+            }),
+            idle: Default::default(),
+        };
+        let started_at = Instant::now();
+        // A restore runs at Start, as with runc: nothing runs until then.
+        let pid = if container.restore_from.is_some() {
+            0
+        } else {
+            match self.launch_sandbox(&container, &stdio, Launch::Create) {
+                Ok((pid, pio)) => {
+                    let mut st = container.state.lock().unwrap();
+                    st.init.pid = pid as u32;
+                    st.init.io = pio;
+                    pid
+                }
+                Err(e) => {
+                    // Leave nothing behind: no sandbox, no mount, no record.
+                    let _ = container.runtime.delete(id, true);
+                    return Err(network_hint(e));
+                }
+            }
+        };
+        undo.armed = false;
+        let container = Arc::new(container);
+        self.inner
+            .containers
+            .lock()
+            .unwrap()
+            .insert(id.to_string(), container.clone());
+        let event = create_event(id, &bundle_dir, &rootfs, &stdio, pid as u32);
+        self.events()
+            .publish(topics::TASK_CREATE_EVENT_TOPIC, event);
+        // After TaskCreate: a sandbox that already died must not report its exit first. A pod
+        // container's exit is watched from its start (its pid is the sandbox's).
+        if pid > 0 && !container.in_pod() {
+            self.watch_init(&container, pid, started_at);
+        }
+        Ok(pid as u32)
+    }
+}
+
+/// A container's lifetime, from its annotations; none for a pod's containers: Kubernetes
+/// owns a pod's life (activeDeadlineSeconds) and would only make the pod again.
+fn lifetime_of(id: &str, spec: &Value) -> std::result::Result<Option<Lifetime>, String> {
+    let lifetime = Lifetime::of_spec(spec)?;
+    let cri = spec["annotations"][chalk_runtime::spec::CRI_CONTAINER_TYPE].is_string();
+    if lifetime.is_some() && cri {
+        log::warn!("container {id}: a lifetime is not kept for a pod's containers");
+        return Ok(None);
+    }
+    Ok(lifetime)
+}
+
+fn create_event(
+    id: &str,
+    bundle: &Path,
+    rootfs: &[RootfsMount],
+    stdio: &StdioPaths,
+    pid: u32,
+) -> TaskCreate {
+    let mut io = TaskIO::new();
+    io.stdin = stdio.stdin.clone();
+    io.stdout = stdio.stdout.clone();
+    io.stderr = stdio.stderr.clone();
+    io.terminal = stdio.terminal;
+    let mut ev = TaskCreate::new();
+    ev.container_id = id.to_string();
+    ev.bundle = bundle.display().to_string();
+    ev.rootfs = rootfs
+        .iter()
+        .map(|m| {
+            let mut mount = Mount::new();
+            mount.type_ = m.kind.clone();
+            mount.source = m.source.clone();
+            mount.target = m.target.clone();
+            mount.options = m.options.clone();
+            mount
+        })
+        .collect();
+    ev.io = Some(io).into();
+    ev.pid = pid;
+    ev
+}

@@ -1,0 +1,119 @@
+//! How processes end: the sandbox process is the shim's adopted child, whose exit status is
+//! the init's; an exec's comes from its foreground runsc; a pod container's from `runsc
+//! wait`. Each exit is recorded once, and reported to containerd once (TaskExit).
+
+use std::{
+    sync::Arc,
+    time::{Instant, SystemTime},
+};
+
+use chalk_runtime::state::Status;
+use containerd_shim::protos::{
+    events::task::{TaskExit, TaskOOM},
+    topics,
+};
+
+use super::{
+    container::{Container, ContainerState, ExitInfo, Process},
+    Sandboxes,
+};
+use crate::{events::timestamp, oom};
+
+impl Sandboxes {
+    /// Watches sandbox process `pid` of `c` (and its memory cgroup, for TaskOOM).
+    pub(super) fn watch_init(&self, c: &Arc<Container>, pid: i32, not_before: Instant) {
+        let exits = c.runtime.watch_exit(pid, not_before);
+        let this = self.clone();
+        let id = c.id.clone();
+        std::thread::spawn(move || {
+            if let Ok(status) = exits.recv() {
+                this.sandbox_exited(&id, pid as u32, status);
+            }
+        });
+        let events = self.inner.events.clone();
+        let id = c.id.clone();
+        if let Err(e) = oom::watch(pid, move || {
+            log::warn!("container {id} hit its memory limit");
+            let mut ev = TaskOOM::new();
+            ev.container_id = id.clone();
+            events.publish(topics::TASK_OOM_EVENT_TOPIC, ev);
+        }) {
+            log::warn!("no OOM events for {}: {e}", c.id);
+        }
+    }
+
+    /// A sandbox process ended: the init's exit, unless a restore already replaced that
+    /// sandbox (a checkpoint that leaves the source running on an older runsc), or kept for
+    /// the end of the long work going on (see [`Sandboxes::finish_busy`]).
+    fn sandbox_exited(&self, id: &str, pid: u32, status: i32) {
+        let Ok(c) = self.container(id) else { return };
+        let mut st = c.state.lock().unwrap();
+        if st.init.pid != pid {
+            log::info!("container {id}: replaced sandbox {pid} exited with {status}");
+            return;
+        }
+        if st.init.busy.is_some() {
+            st.init.pending_exit = Some((pid, status));
+            return;
+        }
+        self.record_exit(id, &mut st.init, status);
+    }
+
+    /// Process `exec_id` (the init when empty) of container `id` ended with `status`.
+    pub(super) fn process_exited(&self, id: &str, exec_id: &str, status: i32) {
+        let Ok(c) = self.container(id) else { return };
+        let mut st = c.state.lock().unwrap();
+        if exec_id.is_empty() && st.init.busy.is_some() {
+            st.init.pending_exit = Some((st.init.pid, status));
+            return;
+        }
+        if let Some(p) = st.process_mut(exec_id) {
+            self.record_exit(id, p, status);
+        }
+    }
+
+    /// Marks `p` stopped with `status` and tells containerd, once.
+    pub(super) fn record_exit(&self, id: &str, p: &mut Process, status: i32) {
+        if p.status == Status::Stopped {
+            return;
+        }
+        p.status = Status::Stopped;
+        let info = ExitInfo {
+            status: status as u32,
+            at: SystemTime::now(),
+        };
+        log::info!(
+            "container {id} process {:?} exited with {status}",
+            p.exec_id
+        );
+        let mut ev = TaskExit::new();
+        ev.container_id = id.to_string();
+        ev.id = if p.exec_id.is_empty() {
+            id.to_string()
+        } else {
+            p.exec_id.clone()
+        };
+        ev.pid = p.pid;
+        ev.exit_status = info.status;
+        ev.exited_at = Some(timestamp(info.at)).into();
+        self.events().publish(topics::TASK_EXIT_EVENT_TOPIC, ev);
+        p.exit.set(info);
+    }
+
+    /// Ends the long work on `c`'s init: an exit that came meanwhile is reported now (after
+    /// whatever the work reported), unless its sandbox was replaced.
+    pub(super) fn finish_busy(&self, c: &Container, st: &mut ContainerState) {
+        st.init.busy = None;
+        if let Some((pid, status)) = st.init.pending_exit.take() {
+            if pid == st.init.pid {
+                self.record_exit(&c.id, &mut st.init, status);
+            } else {
+                log::info!(
+                    "container {}: replaced sandbox {pid} exited with {status}",
+                    c.id
+                );
+            }
+        }
+        c.idle.notify_all();
+    }
+}

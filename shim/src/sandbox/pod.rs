@@ -1,0 +1,114 @@
+//! A Kubernetes pod's containers in its one sandbox: the sandbox (pause) container makes it,
+//! each other container joins it (`runsc create`, then `runsc start` with its stdio, its exit
+//! from `runsc wait`), and a restored pod sandbox waits for its containers to be restored
+//! into it before it is settled.
+
+use std::sync::{atomic::Ordering, Arc};
+
+use chalk_runtime::{runsc::ProcessStdio, state::Status};
+
+use super::{
+    container::{Container, Process, KILLED},
+    Sandboxes,
+};
+use crate::{
+    errors::{Result, ShimError},
+    io,
+};
+
+impl Sandboxes {
+    /// Whether the sandbox pod container `c` lives in still runs.
+    pub(super) fn sandbox_runs(&self, c: &Container) -> bool {
+        self.container(&c.sandbox_id)
+            .is_ok_and(|root| root.state.lock().unwrap().init.status != Status::Stopped)
+    }
+
+    /// The containers of pod sandbox `sandbox_id` other than its sandbox container that run
+    /// in it (created ones have nothing in the sandbox yet; stopped ones no longer do).
+    pub(super) fn pod_members(&self, sandbox_id: &str) -> Vec<Arc<Container>> {
+        self.all_containers()
+            .into_iter()
+            .filter(|c| c.in_pod() && c.sandbox_id == sandbox_id)
+            .filter(|c| {
+                let status = c.state.lock().unwrap().init.status;
+                matches!(status, Status::Running | Status::Paused)
+            })
+            .collect()
+    }
+
+    /// A pod container joins the sandbox its pod's sandbox container made in this shim.
+    pub(super) fn check_pod_sandbox(
+        &self,
+        id: &str,
+        sandbox_id: &str,
+        checkpoint: &str,
+    ) -> Result<()> {
+        let sandbox = self.container(sandbox_id).map_err(|_| {
+            ShimError::FailedPrecondition(format!(
+                "container {id}: its pod's sandbox container {sandbox_id} is not running in this shim"
+            ))
+        })?;
+        if sandbox.in_pod() || sandbox.state.lock().unwrap().init.status == Status::Stopped {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id}: pod sandbox {sandbox_id} is not running"
+            )));
+        }
+        if !checkpoint.is_empty() {
+            return Err(ShimError::InvalidArgument(format!(
+                "container {id}: a pod's container is not restored on its own; a snapshot is of \
+                 the whole sandbox ({sandbox_id})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A pod container of a sandbox being restored has started (and so been restored into
+    /// it); after the last one, the sandbox's restore is settled.
+    pub(super) fn pod_member_restored(&self, c: &Container) -> Result<()> {
+        let Ok(root) = self.container(&c.sandbox_id) else {
+            return Ok(());
+        };
+        let last = root
+            .pending_pod_members
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            == Ok(1);
+        match (&root.restore_from, last) {
+            (Some(from), true) => {
+                let pid = root.state.lock().unwrap().init.pid as i32;
+                log::info!("pod sandbox {}: all its containers restored", root.id);
+                self.settle_restore(&root, &from.cuda_pids, pid)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `runsc start` of a pod container with its stdio, then `runsc wait` for its exit.
+    pub(super) fn start_in_pod(&self, c: &Arc<Container>, init: &mut Process) -> Result<()> {
+        let (stdio, pio) = if init.stdio.terminal {
+            (ProcessStdio::default(), None)
+        } else {
+            let (s, pio) = io::open_plain(&init.stdio, &self.log_context(&c.id), None)
+                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
+            (s, Some(pio))
+        };
+        if let Err(e) = c.runtime.start_with_stdio(&c.id, stdio) {
+            // Never to run, as with runc: it reads stopped and its exit is reported.
+            self.record_exit(&c.id, init, KILLED as i32);
+            return Err(e.into());
+        }
+        if let Some(pio) = pio {
+            init.io = pio;
+        }
+        // Watched before anything else can fail: whatever happens next, its exit is known.
+        let (this, member) = (self.clone(), c.clone());
+        std::thread::spawn(move || {
+            let status = member.runtime.wait(&member.id).unwrap_or_else(|e| {
+                // The sandbox went (the pod was killed): so did the container, by SIGKILL.
+                log::warn!("container {}: {e}; it ended with its sandbox", member.id);
+                KILLED as i32
+            });
+            this.process_exited(&member.id, "", status);
+        });
+        Ok(())
+    }
+}

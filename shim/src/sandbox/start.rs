@@ -1,0 +1,174 @@
+//! Start: the init runs (`runsc start`), or, for a container created from a checkpoint, its
+//! sandbox is restored and then settled (CUDA processes back on the GPU, post-restore hooks).
+//! A restore's long work goes on with the init marked busy, not under its lock.
+
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Instant,
+};
+
+use chalk_runtime::state::{self, Event as Transition, Status};
+use containerd_shim::protos::{events::task::TaskStart, topics};
+
+use super::{
+    container::{kill_pid, Busy, Container, RestoreFrom},
+    launch::Launch,
+    Sandboxes,
+};
+use crate::{
+    errors::{Result, ShimError},
+    runtimes::network_hint,
+};
+
+impl Sandboxes {
+    pub fn start(&self, id: &str, exec_id: &str) -> Result<u32> {
+        let c = self.container(id)?;
+        if !exec_id.is_empty() {
+            return self.start_exec(&c, exec_id);
+        }
+        let st = c.state.lock().unwrap();
+        let mut st = c.wait_idle(st);
+        let next = state::transition(id, st.init.status, Transition::Start)?;
+        if let Some(from) = &c.restore_from {
+            st.init.busy = Some(Busy::Starting);
+            let (stdio, size) = (st.init.stdio.clone(), st.init.size);
+            drop(st);
+            let restored = self.restore_sandbox(&c, from, &stdio, size);
+            let mut st = c.state.lock().unwrap();
+            if restored.is_ok() {
+                st.init.status = next;
+                self.started(&c, st.init.pid);
+            }
+            // An exit that came meanwhile is reported now, after TaskStart.
+            self.finish_busy(&c, &mut st);
+            drop(st);
+            restored?;
+        } else if c.in_pod() {
+            self.start_in_pod(&c, &mut st.init)?;
+            // The last container of a pod being restored settles the pod's restore.
+            st.init.busy = Some(Busy::Starting);
+            drop(st);
+            let settled = self.pod_member_restored(&c);
+            let mut st = c.state.lock().unwrap();
+            if settled.is_ok() {
+                st.init.status = next;
+                self.started(&c, st.init.pid);
+            }
+            self.finish_busy(&c, &mut st);
+            drop(st);
+            settled?;
+        } else {
+            if let Err(e) = c.runtime.start(id) {
+                // A sandbox whose start failed can never run: end it, so the task reads stopped
+                // (as with runc) and its exit is reported, instead of lingering as created.
+                kill_pid(st.init.pid);
+                return Err(network_hint(e.into()));
+            }
+            st.init.status = next;
+            self.started(&c, st.init.pid);
+            drop(st);
+        }
+        let pid = c.state.lock().unwrap().init.pid;
+        self.adjust_oom_score(&c.sandbox_id, pid);
+        if let Some(lifetime) = c.lifetime {
+            crate::lifetime::watch(&self.lifetime_context(), &c, lifetime);
+        }
+        Ok(pid)
+    }
+
+    fn started(&self, c: &Container, pid: u32) {
+        let mut ev = TaskStart::new();
+        ev.container_id = c.id.clone();
+        ev.pid = pid;
+        self.events().publish(topics::TASK_START_EVENT_TOPIC, ev);
+    }
+
+    /// Restores the sandbox of `c` from `from` and settles it: its pid.
+    fn restore_sandbox(
+        &self,
+        c: &Arc<Container>,
+        from: &RestoreFrom,
+        stdio: &crate::io::StdioPaths,
+        size: Option<(u32, u32)>,
+    ) -> Result<u32> {
+        let started_at = Instant::now();
+        let terminal = from.terminal.clone().map(|mut t| {
+            if let Some((w, h)) = size {
+                (t.cols, t.rows) = (w.min(u16::MAX.into()) as u16, h.min(u16::MAX.into()) as u16);
+            }
+            t
+        });
+        let launched = self.launch_sandbox(
+            c,
+            stdio,
+            Launch::Restore {
+                image: &from.dir,
+                previous: None,
+                terminal,
+                signals: Some(crate::terminal::signals_for(c)),
+            },
+        );
+        // runsc has opened what it reads (or failed): containerd's copy can go.
+        from.unpacked.lock().unwrap().take();
+        let (pid, pio) = launched?;
+        if let (Some((w, h)), None) = (size, &from.terminal) {
+            let _ = pio.resize(w, h);
+        }
+        {
+            let mut st = c.state.lock().unwrap();
+            st.init.pid = pid as u32;
+            st.init.io = pio;
+        }
+        self.watch_init(c, pid, started_at);
+        log::info!("container {}: restored from {}", c.id, from.dir.display());
+        if from.pod_members > 0 {
+            // The sandbox waits for its pod's containers (their starts restore them); the
+            // last one's completes the restore, and settles it.
+            c.pending_pod_members
+                .store(from.pod_members, Ordering::SeqCst);
+        } else {
+            self.settle_restore(c, &from.cuda_pids, pid)?;
+        }
+        Ok(pid as u32)
+    }
+
+    /// After a restore: CUDA processes back on the GPU, then the post-restore hooks. A restore
+    /// where either fails has failed: its sandbox (`pid`) ends.
+    pub(super) fn settle_restore(&self, c: &Container, cuda_pids: &[u32], pid: i32) -> Result<()> {
+        let options = c
+            .gpu
+            .as_ref()
+            .map(|g| g.options.clone())
+            .unwrap_or_default();
+        let settled = crate::gpu::restore(c, &options, cuda_pids).and_then(|_| {
+            crate::hooks::run(c, chalk_hooks::Stage::PostRestore, None)
+                .map(drop)
+                .map_err(|e| ShimError::FailedPrecondition(e.to_string()))
+        });
+        settled.map_err(|e| {
+            kill_pid(pid as u32);
+            ShimError::FailedPrecondition(format!(
+                "container {}: restored, then {e}; the sandbox was stopped",
+                c.id
+            ))
+        })
+    }
+
+    /// Gives sandbox process `pid` the lowest OOM score its running containers ask for (as
+    /// runsc does for a pod), or leaves the one it inherited from the shim.
+    fn adjust_oom_score(&self, sandbox_id: &str, pid: u32) {
+        let lowest = self
+            .all_containers()
+            .iter()
+            .filter(|c| c.sandbox_id == sandbox_id)
+            .filter(|c| c.state.lock().unwrap().init.status != Status::Stopped)
+            .filter_map(|c| c.oom_score_adj)
+            .min();
+        if let Some(score) = lowest {
+            let path = format!("/proc/{pid}/oom_score_adj");
+            if let Err(e) = std::fs::write(&path, score.to_string()) {
+                log::warn!("sandbox {sandbox_id}: OOM score {score} not set on {path}: {e}");
+            }
+        }
+    }
+}
