@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
+
 /// Annotation with a JSON array of hooks (only `place = "sandbox"`, and only where the
 /// options allow it).
 pub const HOOKS_ANNOTATION: &str = "chalk.io/hooks";
@@ -78,25 +80,25 @@ impl HookSpec {
     }
 
     /// A hook that can run: a command, an absolute program path, a timeout of 1 s to 1 h.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
         let Some(program) = self.command.first() else {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "a {} hook has an empty command",
                 self.stage.as_str()
-            ));
+            )));
         };
         if !program.starts_with('/') {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "{} hook {program:?}: the program must be an absolute path",
                 self.stage.as_str()
-            ));
+            )));
         }
         if !(1..=3600).contains(&self.timeout_secs) {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "{} hook {program:?}: timeout_secs must be 1 to 3600, not {}",
                 self.stage.as_str(),
                 self.timeout_secs
-            ));
+            )));
         }
         Ok(())
     }
@@ -108,23 +110,23 @@ pub fn container_hooks(
     configured: &[HookSpec],
     allow_annotations: bool,
     annotation: Option<&str>,
-) -> Result<Vec<HookSpec>, String> {
+) -> Result<Vec<HookSpec>, Error> {
     let mut hooks = configured.to_vec();
     if let Some(text) = annotation {
         if !allow_annotations {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "annotation {HOOKS_ANNOTATION} is set but the runtime options do not allow \
                  annotation hooks (allow_annotation_hooks = true)"
-            ));
+            )));
         }
         let extra: Vec<HookSpec> = serde_json::from_str(text)
-            .map_err(|e| format!("annotation {HOOKS_ANNOTATION}: {e}"))?;
+            .map_err(|e| Error::Invalid(format!("annotation {HOOKS_ANNOTATION}: {e}")))?;
         if let Some(h) = extra.iter().find(|h| h.place == Place::Host) {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "annotation {HOOKS_ANNOTATION}: hook {:?} asks for the host; hooks from \
                  annotations run only in the sandbox",
                 h.command
-            ));
+            )));
         }
         hooks.extend(extra);
     }
@@ -212,13 +214,13 @@ mod tests {
         let base = [hook(Stage::PostRestore, &["/bin/true"])];
         let text = r#"[{"stage": "pre-checkpoint", "command": ["/bin/sync"]}]"#;
         let err = container_hooks(&base, false, Some(text)).unwrap_err();
-        assert!(err.contains("allow_annotation_hooks"), "{err}");
+        assert!(err.to_string().contains("allow_annotation_hooks"), "{err}");
         let all = container_hooks(&base, true, Some(text)).unwrap();
         assert_eq!(all.len(), 2);
         assert_eq!(all[1].timeout_secs, DEFAULT_TIMEOUT_SECS);
         let host = r#"[{"stage": "pre-checkpoint", "place": "host", "command": ["/bin/sh"]}]"#;
         let err = container_hooks(&base, true, Some(host)).unwrap_err();
-        assert!(err.contains("only in the sandbox"), "{err}");
+        assert!(err.to_string().contains("only in the sandbox"), "{err}");
     }
 
     #[test]
@@ -227,7 +229,7 @@ mod tests {
         let err = hook(Stage::PreCheckpoint, &["sync"])
             .validate()
             .unwrap_err();
-        assert!(err.contains("absolute"), "{err}");
+        assert!(err.to_string().contains("absolute"), "{err}");
         let mut h = hook(Stage::PreCheckpoint, &["/bin/sync"]);
         h.timeout_secs = 0;
         assert!(h.validate().is_err());

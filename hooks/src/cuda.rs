@@ -7,7 +7,7 @@
 
 use std::{fmt, time::Duration};
 
-use crate::config::GpuOptions;
+use crate::{config::GpuOptions, error::Error};
 
 /// A process's state as `cuda-checkpoint --get-state` prints it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs cuda-checkpoint with `args` inside the sandbox: its stdout, or why it failed.
 pub trait CudaTool: Sync {
-    fn run(&self, args: &[String], timeout: Duration) -> Result<String, String>;
+    fn run(&self, args: &[String], timeout: Duration) -> Result<String, Error>;
 }
 
 /// A failed handoff: the step, the process, what cuda-checkpoint said, and anything the
@@ -88,7 +88,7 @@ impl<'a> Handoff<'a> {
         Handoff { tool, opts }
     }
 
-    fn call(&self, action: &'static str, pid: u32) -> Result<(), String> {
+    fn call(&self, action: &'static str, pid: u32) -> Result<(), Error> {
         let mut args = pid_args(action, pid);
         let timeout = if action == "lock" {
             let ms = self.opts.lock_timeout_secs * 1000;
@@ -119,21 +119,27 @@ impl<'a> Handoff<'a> {
 
     /// Runs `step` for every pid, in order (stopping at a failure) or all at once; the first
     /// failure by pid order.
-    fn each(&self, pids: &[u32], step: Step) -> Result<(), (u32, String)> {
+    fn each(&self, pids: &[u32], step: Step) -> Result<(), (u32, Error)> {
         if !self.opts.parallel {
             for &p in pids {
                 step(self, p).map_err(|e| (p, e))?;
             }
             return Ok(());
         }
-        let results: Vec<(u32, Result<(), String>)> = std::thread::scope(|s| {
+        let results: Vec<(u32, Result<(), Error>)> = std::thread::scope(|s| {
             let running: Vec<_> = pids
                 .iter()
                 .map(|&p| (p, s.spawn(move || step(self, p))))
                 .collect();
             running
                 .into_iter()
-                .map(|(p, h)| (p, h.join().unwrap_or_else(|_| Err("panicked".into()))))
+                .map(|(p, h)| {
+                    (
+                        p,
+                        h.join()
+                            .unwrap_or_else(|_| Err(Error::Sandbox("the step panicked".into()))),
+                    )
+                })
                 .collect()
         });
         results
@@ -150,7 +156,9 @@ impl<'a> Handoff<'a> {
             ("checkpoint", |h, p| h.call("checkpoint", p)),
             ("checkpoint (confirm)", |h, p| match h.state(p) {
                 Some(CudaState::Checkpointed) => Ok(()),
-                other => Err(format!("it reads {other:?}, not checkpointed")),
+                other => Err(Error::Unexpected(format!(
+                    "it reads {other:?}, not checkpointed"
+                ))),
             }),
         ];
         self.steps(pids, &steps, true)
@@ -164,11 +172,11 @@ impl<'a> Handoff<'a> {
         roll_back: bool,
     ) -> Result<(), HandoffError> {
         for &(name, step) in steps {
-            if let Err((pid, message)) = self.each(pids, step) {
+            if let Err((pid, e)) = self.each(pids, step) {
                 return Err(HandoffError {
                     step: name,
                     pid,
-                    message,
+                    message: e.to_string(),
                     not_rolled_back: if roll_back {
                         self.roll_back(pids)
                     } else {
@@ -212,7 +220,7 @@ impl<'a> Handoff<'a> {
 }
 
 /// One step of the handoff for one process.
-type Step = fn(&Handoff<'_>, u32) -> Result<(), String>;
+type Step = fn(&Handoff<'_>, u32) -> Result<(), Error>;
 
 #[cfg(test)]
 mod tests {
@@ -245,13 +253,15 @@ mod tests {
     }
 
     impl CudaTool for Fake {
-        fn run(&self, args: &[String], _timeout: Duration) -> Result<String, String> {
+        fn run(&self, args: &[String], _timeout: Duration) -> Result<String, Error> {
             let pid: u32 = args[args.iter().position(|a| a == "--pid").unwrap() + 1]
                 .parse()
                 .unwrap();
             let mut states = self.states.lock().unwrap();
             let Some(state) = states.get(&pid).copied() else {
-                return Err(format!("process {pid} is not a CUDA process"));
+                return Err(Error::Unexpected(format!(
+                    "process {pid} is not a CUDA process"
+                )));
             };
             if args[0] == "--get-state" {
                 return Ok(format!("{state:?}\n").to_lowercase());
@@ -259,7 +269,7 @@ mod tests {
             let action = args[1].as_str();
             self.calls.lock().unwrap().push(format!("{action} {pid}"));
             if self.fail.is_some_and(|(a, p)| a == action && p == pid) {
-                return Err(format!("{action} failed"));
+                return Err(Error::Unexpected(format!("{action} failed")));
             }
             use CudaState::*;
             let next = match (action, state) {
@@ -267,7 +277,11 @@ mod tests {
                 ("checkpoint", Locked) => Checkpointed,
                 ("restore", Checkpointed) => Locked,
                 ("unlock", Locked) => Running,
-                _ => return Err(format!("{action} of a {state:?} process")),
+                _ => {
+                    return Err(Error::Unexpected(format!(
+                        "{action} of a {state:?} process"
+                    )))
+                }
             };
             states.insert(pid, next);
             Ok(String::new())
@@ -322,9 +336,9 @@ mod tests {
         // The checkpoint of 9 fails, then so does the unlock that would put it back.
         struct Stuck(Fake);
         impl CudaTool for Stuck {
-            fn run(&self, args: &[String], t: Duration) -> Result<String, String> {
+            fn run(&self, args: &[String], t: Duration) -> Result<String, Error> {
                 if args[..2] == ["--action".to_string(), "unlock".into()] {
-                    return Err("driver busy".into());
+                    return Err(Error::Unexpected("driver busy".into()));
                 }
                 self.0.run(args, t)
             }
@@ -348,7 +362,7 @@ mod tests {
         };
         struct Spy<'a>(&'a Fake, Mutex<Vec<Vec<String>>>);
         impl CudaTool for Spy<'_> {
-            fn run(&self, args: &[String], t: Duration) -> Result<String, String> {
+            fn run(&self, args: &[String], t: Duration) -> Result<String, Error> {
                 self.1.lock().unwrap().push(args.to_vec());
                 self.0.run(args, t)
             }

@@ -10,7 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::config::Place;
+use crate::{
+    config::Place,
+    error::{Error, Result},
+};
 
 /// How a command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +51,7 @@ pub trait Exec {
         argv: &[String],
         env: &[(String, String)],
         timeout: Duration,
-    ) -> Result<Outcome, String>;
+    ) -> Result<Outcome>;
 }
 
 /// The end of `text`, at most [`OUTPUT_LIMIT`] bytes, cut at a character boundary.
@@ -83,9 +86,11 @@ impl Running for std::process::Child {
 }
 
 /// A file for a command's stdout and stderr, and a second handle to read it back.
-pub fn output_file() -> Result<(File, File), String> {
-    let file = tempfile::tempfile().map_err(|e| format!("output file for a hook: {e}"))?;
-    let writer = file.try_clone().map_err(|e| e.to_string())?;
+pub fn output_file() -> Result<(File, File)> {
+    let file = tempfile::tempfile().map_err(Error::io("output file for a hook"))?;
+    let writer = file
+        .try_clone()
+        .map_err(Error::io("output file for a hook"))?;
     Ok((file, writer))
 }
 
@@ -96,15 +101,12 @@ pub fn wait_with_timeout(
     mut output: File,
     timeout: Duration,
     kill: impl FnOnce(u32),
-) -> Result<Outcome, String> {
+) -> Result<Outcome> {
     let deadline = Instant::now() + timeout;
     let mut timed_out = false;
     let mut kill = Some(kill);
     let status = loop {
-        if let Some(status) = child
-            .try_wait()
-            .map_err(|e| format!("wait for a hook: {e}"))?
-        {
+        if let Some(status) = child.try_wait().map_err(Error::io("wait for a hook"))? {
             break status;
         }
         if Instant::now() >= deadline {
@@ -112,14 +114,16 @@ pub fn wait_with_timeout(
                 timed_out = true;
                 kill(child.pid());
             } else if Instant::now() >= deadline + KILL_GRACE {
-                return Err(format!("a hook outlived its kill by {KILL_GRACE:?}"));
+                return Err(Error::Unkillable(KILL_GRACE));
             }
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     let mut bytes = Vec::new();
-    output.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-    output.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    output
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| output.read_to_end(&mut bytes))
+        .map_err(Error::io("read a hook's output"))?;
     Ok(Outcome {
         status: (!timed_out).then_some(status),
         output: tail(&String::from_utf8_lossy(&bytes)),
@@ -132,7 +136,7 @@ const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs a host command to completion or `timeout`, in a process group of its own so that the
 /// timeout kills what it started too; stdin is empty.
-pub fn run_with_timeout(cmd: Command, timeout: Duration) -> Result<Outcome, String> {
+pub fn run_with_timeout(cmd: Command, timeout: Duration) -> Result<Outcome> {
     spawn_with_timeout(cmd, timeout, |cmd| {
         cmd.spawn().map(|c| Box::new(c) as Box<dyn Running>)
     })
@@ -144,13 +148,17 @@ pub fn spawn_with_timeout(
     mut cmd: Command,
     timeout: Duration,
     spawn: impl FnOnce(&mut Command) -> std::io::Result<Box<dyn Running>>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome> {
     let (output, writer) = output_file()?;
     cmd.stdin(Stdio::null())
-        .stdout(writer.try_clone().map_err(|e| e.to_string())?)
+        .stdout(
+            writer
+                .try_clone()
+                .map_err(Error::io("output file for a hook"))?,
+        )
         .stderr(writer)
         .process_group(0);
-    let child = spawn(&mut cmd).map_err(|e| format!("start {:?}: {e}", cmd.get_program()))?;
+    let child = spawn(&mut cmd).map_err(Error::io(format!("start {:?}", cmd.get_program())))?;
     wait_with_timeout(child, output, timeout, kill_group)
 }
 
@@ -161,8 +169,10 @@ pub fn kill_group(pid: u32) {
 }
 
 /// Host commands with a clean environment plus `env`.
-pub fn host_command(argv: &[String], env: &[(String, String)]) -> Result<Command, String> {
-    let (program, args) = argv.split_first().ok_or("empty command")?;
+pub fn host_command(argv: &[String], env: &[(String, String)]) -> Result<Command> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| Error::Invalid("a hook has an empty command".into()))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()

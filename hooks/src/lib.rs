@@ -5,8 +5,10 @@
 
 pub mod config;
 pub mod cuda;
+pub mod error;
 pub mod exec;
 pub mod run;
 
 pub use config::{GpuOptions, HookSpec, Place, Stage};
+pub use error::Error;
 pub use exec::{Exec, Outcome};

@@ -53,7 +53,7 @@ pub fn run_stage(
         };
         let outcome: Outcome = exec
             .exec(hook.place, &hook.command, env, hook.timeout())
-            .map_err(|e| fail("could not run".into(), e))?;
+            .map_err(|e| fail("could not run".into(), e.to_string()))?;
         if !outcome.success() {
             return Err(fail(outcome.describe(hook.timeout()), outcome.output));
         }
@@ -80,7 +80,7 @@ mod tests {
             argv: &[String],
             _env: &[(String, String)],
             _timeout: Duration,
-        ) -> Result<Outcome, String> {
+        ) -> crate::error::Result<Outcome> {
             self.0
                 .borrow_mut()
                 .push(format!("{place:?}:{}", argv.join(" ")));

@@ -3,30 +3,30 @@
 //! containerd, real runsc, nothing faked; host-network pods, so no CNI is needed.
 
 use std::{
-    sync::Arc,
+    ops::Deref,
     time::{Duration, Instant},
 };
 
 use chalk_integration::{
+    cases,
     containerd::{CRI_HANDLER, IMAGE},
     cri::{ContainerState, Cri},
-    procs, Containerd,
+    ensure, procs,
+    testkit::{self, Env, Failed, TestResult},
+    Containerd,
 };
-use libtest_mimic::{Arguments, Failed, Trial};
 
-type TestResult = Result<(), Failed>;
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(Failed::from(format!($($fmt)+)));
-        }
-    };
+/// The shared environment with containerd's CRI plugin as a client.
+struct CriEnv {
+    env: Env,
+    cri: Cri,
 }
 
-struct Env {
-    c: Containerd,
-    cri: Cri,
+impl Deref for CriEnv {
+    type Target = Env;
+    fn deref(&self) -> &Env {
+        &self.env
+    }
 }
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -38,17 +38,7 @@ const COUNTER: &[&str] = &[
     "echo started; i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 1; done",
 ];
 
-impl Env {
-    fn chalkctl(&self, args: &[&str]) -> chalk_integration::CtrOutput {
-        self.c
-            .chalkctl_command()
-            .expect("chalkctl is built")
-            .args(args)
-            .output()
-            .expect("run chalkctl")
-            .into()
-    }
-
+impl CriEnv {
     /// Shim daemons and runsc sandbox processes of this containerd serving `id` (a pod or a
     /// container).
     fn processes_for(&self, id: &str) -> (usize, usize) {
@@ -119,7 +109,7 @@ impl Env {
 
 /// Two containers in one pod: one sandbox, one shim; ExecSync, status, exit codes, stats,
 /// logs; stopping one leaves the other; stopping the pod leaves nothing.
-fn pod_runs_its_containers_in_one_sandbox(e: &Env) -> TestResult {
+fn pod_runs_its_containers_in_one_sandbox(e: &CriEnv) -> TestResult {
     let pod = e.cri.run_pod("two", CRI_HANDLER, false)?;
     let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
     let side = e.cri.run_container(&pod, "side", IMAGE, COUNTER)?;
@@ -226,7 +216,7 @@ fn pod_runs_its_containers_in_one_sandbox(e: &Env) -> TestResult {
 }
 
 /// A container that cannot start fails with its reason; its pod carries on.
-fn a_failing_container_leaves_its_pod_running(e: &Env) -> TestResult {
+fn a_failing_container_leaves_its_pod_running(e: &CriEnv) -> TestResult {
     let pod = e.cri.run_pod("failing", CRI_HANDLER, false)?;
     let err = e
         .cri
@@ -246,7 +236,7 @@ fn a_failing_container_leaves_its_pod_running(e: &Env) -> TestResult {
 /// chalkctl snapshots a pod's whole sandbox through its sandbox container, and the pod keeps
 /// running; a pod's other containers are not checkpointed on their own. A runsc that cannot
 /// checkpoint a running pod in place refuses before touching it.
-fn pod_snapshot_keeps_the_pod_running(e: &Env) -> TestResult {
+fn pod_snapshot_keeps_the_pod_running(e: &CriEnv) -> TestResult {
     let pod = e.cri.run_pod("snap", CRI_HANDLER, false)?;
     let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
     std::thread::sleep(Duration::from_millis(1500));
@@ -294,7 +284,7 @@ fn pod_snapshot_keeps_the_pod_running(e: &Env) -> TestResult {
 }
 
 /// Runs `cmd` in task `id` with ctr (a fork's containers are containerd's, not CRI's).
-fn ctr_exec(e: &Env, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput {
+fn ctr_exec(e: &CriEnv, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput {
     static EXECS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = EXECS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let exec_id = format!("x{n}");
@@ -305,7 +295,7 @@ fn ctr_exec(e: &Env, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput {
 
 /// A pod's snapshot forks into a new sandbox holding all its containers, each carrying on
 /// from the snapshot, with copies of the pod's own files; Kubernetes does not see the fork.
-fn pod_fork_restores_every_container(e: &Env) -> TestResult {
+fn pod_fork_restores_every_container(e: &CriEnv) -> TestResult {
     let pod = e.cri.run_pod("forked", CRI_HANDLER, false)?;
     let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
     let side = e.cri.run_container(
@@ -399,42 +389,29 @@ fn pod_fork_restores_every_container(e: &Env) -> TestResult {
 }
 
 fn main() {
-    let args = Arguments::from_args();
     let c = Containerd::start_cri(None, None)
         .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     let cri = Cri::connect(&c.socket()).unwrap_or_else(|e| panic!("CRI: {e}"));
-    let env = Arc::new(Env { c, cri });
-
-    type Case = fn(&Env) -> TestResult;
-    let cases: &[(&str, Case)] = &[
-        (
-            "pod_runs_its_containers_in_one_sandbox",
-            pod_runs_its_containers_in_one_sandbox,
-        ),
-        (
-            "a_failing_container_leaves_its_pod_running",
-            a_failing_container_leaves_its_pod_running,
-        ),
-        (
-            "pod_snapshot_keeps_the_pod_running",
-            pod_snapshot_keeps_the_pod_running,
-        ),
-        (
-            "pod_fork_restores_every_container",
-            pod_fork_restores_every_container,
-        ),
-    ];
     // Debian's runsc (2022) cannot snapshot a running pod (see above), so nor fork one.
-    let old_runsc = std::env::var_os("CHALK_RUNSC").is_none_or(|v| v.is_empty());
-    let trials = cases
-        .iter()
-        .map(|(name, f)| {
-            let (env, f) = (env.clone(), *f);
-            Trial::test(*name, move || f(&env))
-                .with_ignored_flag(old_runsc && name.starts_with("pod_fork"))
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(env);
-    conclusion.exit();
+    let old_runsc = !testkit::current_runsc();
+    let all = cases![
+        pod_runs_its_containers_in_one_sandbox,
+        a_failing_container_leaves_its_pod_running,
+        pod_snapshot_keeps_the_pod_running,
+    ]
+    .into_iter()
+    .chain(
+        cases![pod_fork_restores_every_container]
+            .into_iter()
+            .map(|c| c.ignored_if(old_runsc)),
+    )
+    .collect();
+    testkit::run(
+        CriEnv {
+            env: Env { c },
+            cri,
+        },
+        all,
+        |_| Ok(()),
+    )
 }

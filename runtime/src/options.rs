@@ -167,7 +167,7 @@ impl RuntimeOptions {
             }
         }
         for hook in &self.hooks {
-            hook.validate()?;
+            hook.validate().map_err(|e| e.to_string())?;
         }
         self.runsc_flags().map(|_| ())
     }

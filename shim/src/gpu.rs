@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use chalk_hooks::{
     cuda::{CudaTool, Handoff},
-    Exec, GpuOptions, Place,
+    Error as HookError, Exec, GpuOptions, Place,
 };
 use chalk_runtime::snapshot::manifest::GpuFacts;
 use serde_json::Value;
 
 use crate::{
+    container::{Container, Gpu},
     errors::{Result, ShimError},
-    sandbox::container::{Container, Gpu},
     sandbox_exec::ContainerExec,
 };
 
@@ -24,14 +24,17 @@ struct SandboxCuda<'a> {
 }
 
 impl CudaTool for SandboxCuda<'_> {
-    fn run(&self, args: &[String], timeout: Duration) -> std::result::Result<String, String> {
+    fn run(&self, args: &[String], timeout: Duration) -> std::result::Result<String, HookError> {
         let mut argv = vec![self.path.to_string()];
         argv.extend_from_slice(args);
         let out = ContainerExec(self.c).exec(Place::Sandbox, &argv, &[], timeout)?;
         if out.success() {
             Ok(out.output)
         } else {
-            Err(format!("{}: {}", out.describe(timeout), out.output.trim()))
+            Err(HookError::Unsuccessful {
+                how: out.describe(timeout),
+                output: out.output.trim().to_string(),
+            })
         }
     }
 }

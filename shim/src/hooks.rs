@@ -8,7 +8,7 @@ use chalk_hooks::{
     Stage,
 };
 
-use crate::{sandbox::container::Container, sandbox_exec::ContainerExec};
+use crate::{container::Container, sandbox_exec::ContainerExec};
 
 /// Runs the hooks of `stage` for `c`; `snapshot_dir` is the checkpoint's directory.
 pub fn run(c: &Container, stage: Stage, snapshot_dir: Option<&Path>) -> Result<usize, HookError> {

@@ -18,7 +18,7 @@ use chalk_runtime::{
     snapshot::manifest::rfc3339_at,
 };
 
-use crate::{containerd::Records, reaper::ReaperSpawner, sandbox::container::Container};
+use crate::{container::Container, containerd::Records, reaper::ReaperSpawner};
 
 /// Where the timer reaches containerd: its records (for the label `chalkctl get` reads),
 /// and its address and namespace (for chalkctl).

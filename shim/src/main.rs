@@ -1,7 +1,7 @@
 //! containerd-shim-chalk-v1: containerd's `io.containerd.chalk.v1` runtime, running each
 //! container (or each Kubernetes pod) in a gVisor sandbox through runsc.
 
-mod bundle;
+mod container;
 mod containerd;
 mod errors;
 mod events;
@@ -15,6 +15,7 @@ mod metrics;
 mod oom;
 mod private_mounts;
 mod reaper;
+mod rootfs;
 mod runtime_options;
 mod runtimes;
 mod sandbox;

@@ -3,6 +3,7 @@
 //! helper), which run as the init's user with the init's capabilities, so none reaches
 //! further than the workload.
 
+use chalk_runtime::bundle;
 use std::{
     path::Path,
     sync::atomic::{AtomicU64, Ordering},
@@ -11,15 +12,14 @@ use std::{
 
 use chalk_hooks::{
     exec::{host_command, output_file, spawn_with_timeout, wait_with_timeout, Running},
-    Exec, Outcome, Place,
+    Error as HookError, Exec, Outcome, Place,
 };
 use chalk_runtime::runsc::{ExecChild, ProcessStdio, Spawner};
 
 use crate::{
-    bundle,
+    container::Container,
     errors::{Result, ShimError},
     reaper::ReaperSpawner,
-    sandbox::container::Container,
 };
 
 static COMMAND_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -56,7 +56,7 @@ pub fn start(
             )));
         }
         if Instant::now() > deadline {
-            crate::sandbox::container::kill_pid(child.pid());
+            crate::container::kill_pid(child.pid());
             return Err(ShimError::Internal(format!(
                 "runsc exec {what} in {} did not start within {timeout:?}",
                 c.id
@@ -100,7 +100,7 @@ impl Exec for ContainerExec<'_> {
         argv: &[String],
         env: &[(String, String)],
         timeout: Duration,
-    ) -> std::result::Result<Outcome, String> {
+    ) -> std::result::Result<Outcome, chalk_hooks::Error> {
         let c = self.0;
         match place {
             Place::Host => spawn_with_timeout(host_command(argv, env)?, timeout, |cmd| {
@@ -113,24 +113,27 @@ impl Exec for ContainerExec<'_> {
                 let n = COMMAND_COUNTER.fetch_add(1, Ordering::Relaxed);
                 let spec_path = c.bundle.join(format!(".command-{n}.json"));
                 let pid_path = c.bundle.join(format!(".command-{n}.pid"));
-                let spec = as_the_init(&c.bundle, argv, env)?;
-                bundle::write_private(&spec_path, &spec).map_err(|e| e.to_string())?;
+                let spec = as_the_init(&c.bundle, argv, env).map_err(HookError::Invalid)?;
+                bundle::write_private(&spec_path, &spec)
+                    .map_err(|e| HookError::Sandbox(e.into()))?;
                 let stdio = ProcessStdio {
                     stdin: None,
-                    stdout: Some(writer.try_clone().map_err(|e| e.to_string())?),
+                    stdout: Some(writer.try_clone().map_err(HookError::io("output file"))?),
                     stderr: Some(writer),
                     terminal: false,
                 };
                 let started = c.runtime.exec(&c.id, &spec_path, &pid_path, stdio);
-                let outcome = started.map_err(|e| e.to_string()).and_then(|child| {
-                    wait_with_timeout(Box::new(InSandbox(child)), output, timeout, |pid| {
-                        // The process in the sandbox, then the runsc exec waiting for it.
-                        if let Some(inner) = bundle::read_pid(&pid_path) {
-                            let _ = c.runtime.kill(&c.id, 9, false, Some(inner));
-                        }
-                        crate::sandbox::container::kill_pid(pid);
-                    })
-                });
+                let outcome = started
+                    .map_err(|e| HookError::Sandbox(e.into()))
+                    .and_then(|child| {
+                        wait_with_timeout(Box::new(InSandbox(child)), output, timeout, |pid| {
+                            // The process in the sandbox, then the runsc exec waiting for it.
+                            if let Some(inner) = bundle::read_pid(&pid_path) {
+                                let _ = c.runtime.kill(&c.id, 9, false, Some(inner));
+                            }
+                            crate::container::kill_pid(pid);
+                        })
+                    });
                 let _ = std::fs::remove_file(&spec_path);
                 let _ = std::fs::remove_file(&pid_path);
                 outcome

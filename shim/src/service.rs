@@ -13,11 +13,12 @@ use containerd_shim::{
 };
 
 use crate::{
+    container::KILLED,
     containerd::Containerd,
     events::{timestamp, EventSender},
     reaper,
     runtimes::RunscRuntimes,
-    sandbox::{container::KILLED, Sandboxes},
+    sandbox::Sandboxes,
     task::TaskService,
 };
 
@@ -119,7 +120,7 @@ impl Shim for Service {
                     // Already gone is the common case after a clean exit.
                     log::warn!("cleanup of {} in {}: {e}", self.id, self.namespace);
                 }
-                crate::bundle::cleanup(&bundle, record.rootfs_mounted, record.netns.as_deref());
+                crate::rootfs::cleanup(&bundle, record.rootfs_mounted, record.netns.as_deref());
             }
             Ok(None) => {}
             Err(e) => log::warn!("cleanup of {}: {e}", self.id),

@@ -23,11 +23,12 @@ use containerd_shim::{
 };
 
 use crate::{
-    bundle::RootfsMount,
     errors::{Result, ShimError},
     events::timestamp,
     io::StdioPaths,
-    metrics, runtime_options,
+    metrics,
+    rootfs::RootfsMount,
+    runtime_options,
     sandbox::{CreateRequest, ExecRequest, Sandboxes},
 };
 

@@ -12,7 +12,7 @@ use std::{
 use chalk_hooks::{Exec, Place};
 use chalk_runtime::terminal::{foreground, parse_proc_stat, parse_ps_table, ProcRow, SignalTarget};
 
-use crate::{io::TerminalSignals, sandbox::container::Container, sandbox_exec::ContainerExec};
+use crate::{container::Container, io::TerminalSignals, sandbox_exec::ContainerExec};
 
 /// How long the in-sandbox helper may take.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -112,7 +112,9 @@ fn through_the_sandbox(c: &Container, sig: i32) -> Result<SignalTarget, String> 
     let exec = ContainerExec(c);
     let run = |script: &str| {
         let argv = ["/bin/sh".to_string(), "-c".into(), script.to_string()];
-        let out = exec.exec(Place::Sandbox, &argv, &[], HELPER_TIMEOUT)?;
+        let out = exec
+            .exec(Place::Sandbox, &argv, &[], HELPER_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         if !out.success() {
             return Err(format!(
                 "/bin/sh in the sandbox: {} (terminal signals after a restore need runsc with \

@@ -4,64 +4,6 @@ use chalk_integration::containerd::chalkctl_binary;
 
 use super::*;
 
-impl Env {
-    pub(crate) fn chalkctl(&self, args: &[&str]) -> CtrOutput {
-        self.c
-            .chalkctl_command()
-            .expect("chalkctl is built")
-            .args(args)
-            .output()
-            .expect("run chalkctl")
-            .into()
-    }
-
-    /// Removes `ids` and deletes `snapshots` whatever `result` was; then, if it passed,
-    /// checks that nothing of `ids` is left.
-    pub(crate) fn conclude(
-        &self,
-        result: TestResult,
-        ids: &[&str],
-        snapshots: &[String],
-    ) -> TestResult {
-        for id in ids {
-            self.remove(id);
-        }
-        for s in snapshots {
-            self.chalkctl(&["snapshot", "delete", "--snapshot-id", s]);
-        }
-        result?;
-        for id in ids {
-            self.assert_clean(id)?;
-        }
-        Ok(())
-    }
-
-    /// `chalkctl snapshot create` of `id`: the snapshot's digest.
-    pub(crate) fn snapshot_of(&self, id: &str) -> Result<String, Failed> {
-        let out = self.chalkctl_json(&["snapshot", "create", "--id", id])?;
-        Ok(out["id"].as_str().unwrap_or_default().to_string())
-    }
-
-    /// `chalkctl suspend` then `resume` of `id`: the digest of the snapshot it went through.
-    pub(crate) fn suspend_and_resume(&self, id: &str) -> Result<String, Failed> {
-        let out = self.chalkctl_json(&["suspend", "--id", id])?;
-        let digest = out["snapshot"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        self.chalkctl_json(&["resume", "--id", id])?;
-        Ok(digest)
-    }
-
-    pub(crate) fn chalkctl_json(&self, args: &[&str]) -> Result<serde_json::Value, Failed> {
-        let mut all = vec!["--output", "json"];
-        all.extend_from_slice(args);
-        let out = self.chalkctl(&all);
-        ensure!(out.code == 0, "chalkctl {args:?}: {out:?}");
-        serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
-    }
-}
-
 pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
     let (src, fork) = ("ctl-src", "ctl-fork");
     let forks = ["ctl-f-1", "ctl-f-2", "ctl-f-3", "ctl-g-1", "ctl-g-2"];
@@ -69,7 +11,7 @@ pub fn chalkctl_snapshot_registry(e: &Env) -> TestResult {
         e.remove(id);
     }
     let result = (|| {
-        e.run_detached(src, &["sh", "-c", snapshots::COUNTER])?;
+        e.run_detached(src, &["sh", "-c", COUNTER])?;
         // Three snapshots of one sandbox (containerd 1.6 stores a spec once: chalkctl marks
         // each checkpoint's spec so that it can).
         let mut ids = Vec::new();
@@ -258,7 +200,7 @@ pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
     e.remove(id);
     let result = (|| {
         // Made by chalkctl itself this time.
-        let ran = e.chalkctl_json(&["run", IMAGE, id, "--", "sh", "-c", snapshots::COUNTER])?;
+        let ran = e.chalkctl_json(&["run", IMAGE, id, "--", "sh", "-c", COUNTER])?;
         ensure!(ran["status"] == "running", "run: {ran}");
         std::thread::sleep(Duration::from_millis(500));
         let before: u64 = e
@@ -408,7 +350,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         );
 
         // Still in progress: the background checkpoint is held stopped while we fork.
-        e.run_detached(src, &["sh", "-c", snapshots::COUNTER])?;
+        e.run_detached(src, &["sh", "-c", COUNTER])?;
         let out = e.chalkctl_json(&["snapshot", "create", "--id", src, "--no-wait"])?;
         let name = out["name"].as_str().unwrap_or_default().to_string();
         taken.push(name.clone());

@@ -6,48 +6,22 @@ use chalk_integration::Containerd;
 
 use super::*;
 
-/// Whether this cell runs a current runsc (`CHALK_RUNSC`), else Debian's 2022 build.
-pub(crate) fn current_runsc() -> bool {
-    std::env::var_os("CHALK_RUNSC").is_some_and(|v| !v.is_empty())
+/// The files a level of the tree wrote, as `cat` prints them.
+fn levels(e: &Env, id: &str) -> String {
+    e.sh(id, "levels", "cat /workspace/level-* 2>/dev/null")
+        .stdout
 }
 
-impl Env {
-    /// Waits until `id`'s counter reads at least `n`; what it reads then.
-    pub(crate) fn count_reaches(&self, id: &str, n: u64) -> Result<u64, Failed> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let now = self.count(id);
-            if let Ok(now) = now {
-                if now >= n {
-                    return Ok(now);
-                }
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "{id} does not count to {n}: {now:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The files a level of the tree wrote, as `cat` prints them.
-    fn levels(&self, id: &str) -> String {
-        self.sh(id, "levels", "cat /workspace/level-* 2>/dev/null")
-            .stdout
-    }
-
-    /// containerd's unpacked checkpoints (from this test run) of sandboxes `of`.
-    fn unpacked_of(&self, of: &[&str]) -> Vec<(PathBuf, u64)> {
-        self.c
-            .unpacked_checkpoints()
-            .into_iter()
-            .filter(|(dir, _)| {
-                let m = std::fs::read(dir.join("chalk.manifest.json")).unwrap_or_default();
-                let m: serde_json::Value = serde_json::from_slice(&m).unwrap_or_default();
-                of.iter().any(|id| m["source"]["container_id"] == *id)
-            })
-            .collect()
-    }
+/// containerd's unpacked checkpoints (from this test run) of sandboxes `of`.
+fn unpacked_of(e: &Env, of: &[&str]) -> Vec<(PathBuf, u64)> {
+    e.c.unpacked_checkpoints()
+        .into_iter()
+        .filter(|(dir, _)| {
+            let m = std::fs::read(dir.join("chalk.manifest.json")).unwrap_or_default();
+            let m: serde_json::Value = serde_json::from_slice(&m).unwrap_or_default();
+            of.iter().any(|id| m["source"]["container_id"] == *id)
+        })
+        .collect()
 }
 
 /// source -> fork -> fork of the fork -> suspend and resume of that -> fork again: each goes on
@@ -60,7 +34,7 @@ pub fn fork_tree_four_levels_deep(e: &Env) -> TestResult {
     }
     let mut taken = Vec::new();
     let result = (|| {
-        let ran = e.chalkctl_json(&["run", IMAGE, ids[0], "--", "sh", "-c", snapshots::COUNTER])?;
+        let ran = e.chalkctl_json(&["run", IMAGE, ids[0], "--", "sh", "-c", COUNTER])?;
         ensure!(ran["status"] == "running", "run: {ran}");
         e.count_reaches(ids[0], 3)?;
         e.sh(ids[0], "l", "echo 0 > /workspace/level-0");
@@ -80,9 +54,9 @@ pub fn fork_tree_four_levels_deep(e: &Env) -> TestResult {
                 taken.push(suspended);
                 ensure!(e.count(parent)? >= at, "resumed {parent} lost its counter");
                 ensure!(
-                    e.levels(parent) == expected,
+                    levels(e, parent) == expected,
                     "resumed {parent}'s files: {:?}",
-                    e.levels(parent)
+                    levels(e, parent)
                 );
             }
             let started = Instant::now();
@@ -101,9 +75,9 @@ pub fn fork_tree_four_levels_deep(e: &Env) -> TestResult {
             ensure!(n >= at, "{child} counts from {n}, its parent was at {at}");
             e.count_reaches(child, n + 2)?;
             ensure!(
-                e.levels(child) == expected,
+                levels(e, child) == expected,
                 "{child} has {:?} of its ancestors' files, not {expected:?}",
-                e.levels(child)
+                levels(e, child)
             );
             e.sh(
                 child,
@@ -112,7 +86,7 @@ pub fn fork_tree_four_levels_deep(e: &Env) -> TestResult {
             );
             // A change in the child reaches neither its parent nor the tree above.
             ensure!(
-                e.levels(parent) == expected,
+                levels(e, parent) == expected,
                 "{parent} sees {child}'s files"
             );
             expected.push_str(&format!("{level}\n"));
@@ -270,7 +244,7 @@ pub fn lifetime_destroys_or_suspends_and_forks_inherit_it(e: &Env) -> TestResult
             "--",
             "sh",
             "-c",
-            snapshots::COUNTER,
+            COUNTER,
         ])?;
         e.count_reaches(ids[1], 3)?;
         e.chalkctl_json(&["fork", "--id", ids[1], "--fork-id", ids[2]])?;
@@ -405,7 +379,7 @@ pub fn fork_count_is_pooled_and_leaves_nothing_behind(e: &Env) -> TestResult {
         }
         eprintln!("fork --count 16: {:.2}s", took.as_secs_f64());
         // Every restore went through containerd's unpacking: nothing of it is left.
-        let left = e.unpacked_of(&[src]);
+        let left = unpacked_of(e, &[src]);
         let bytes: u64 = left.iter().map(|(_, b)| b).sum();
         ensure!(
             left.is_empty(),
@@ -421,7 +395,7 @@ pub fn fork_count_is_pooled_and_leaves_nothing_behind(e: &Env) -> TestResult {
         let out = e.restore_live(&forks[15], &image);
         ensure!(out.code == 0, "ctr restore: {out:?}");
         ensure!(
-            e.unpacked_of(&[src]).is_empty(),
+            unpacked_of(e, &[src]).is_empty(),
             "ctr restore left its unpacked checkpoint"
         );
         Ok(())
@@ -468,7 +442,7 @@ pub fn defaults_work_without_an_options_file(e: &Env) -> TestResult {
     );
     let chose_none = said() > before;
     // Debian's runsc (2022, the cell without CHALK_RUNSC) cannot have one on current kernels.
-    let old = !current_runsc();
+    let old = !testkit::current_runsc();
     ensure!(
         chose_none == old,
         "the shim chose loopback only: {chose_none}, with Debian's runsc: {old}"

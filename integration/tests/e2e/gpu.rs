@@ -10,13 +10,63 @@ use chalk_integration::containerd::{CUDA_CHECKPOINT_STANDIN, GPU_STANDIN_IMAGE};
 
 use super::*;
 
+fn run_gpu(e: &Env, id: &str, extra: &[&str]) -> TestResult {
+    import_standin_image(e)?;
+    let script = workload();
+    let mut args = vec![
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--annotation",
+        "chalk.io/gpu=true",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[GPU_STANDIN_IMAGE, id, "sh", "-c", &script]);
+    let out = e.ctr(&args);
+    ensure!(out.code == 0, "run {id}: {out:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e
+        .sh(id, "reg", &format!("ls {STATE} | grep -c '^[0-9]'"))
+        .stdout
+        .trim()
+        != "2"
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "{id} did not register its CUDA processes"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// The stand-in's pids (ascending) with their states, and its call log.
+fn cuda(e: &Env, id: &str) -> (Vec<(u32, String)>, Vec<String>) {
+    let states = e.sh(
+        id,
+        "states",
+        &format!(
+            "cd {STATE} && for p in $(ls | grep '^[0-9]' | sort -n); do echo $p $(cat $p); done"
+        ),
+    );
+    let states = states
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(p, s)| Some((p.parse().ok()?, s.to_string())))
+        .collect();
+    let calls = e.sh(id, "calls", &format!("cat {STATE}/calls.log 2>/dev/null"));
+    (states, calls.stdout.lines().map(String::from).collect())
+}
+
 const STATE: &str = "/tmp/.cuda-standin";
 
 /// Registers the shell (pid 1) and a background sleep as CUDA processes, then counts.
 fn workload() -> String {
     format!(
         "mkdir -p {STATE}; echo running > {STATE}/$$; sleep 100000 & echo running > {STATE}/$!; {}",
-        snapshots::COUNTER
+        COUNTER
     )
 }
 
@@ -35,56 +85,6 @@ fn import_standin_image(e: &Env) -> TestResult {
         .map_err(Failed::from)
 }
 
-impl Env {
-    fn run_gpu(&self, id: &str, extra: &[&str]) -> TestResult {
-        import_standin_image(self)?;
-        let script = workload();
-        let mut args = vec![
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--annotation",
-            "chalk.io/gpu=true",
-        ];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&[GPU_STANDIN_IMAGE, id, "sh", "-c", &script]);
-        let out = self.ctr(&args);
-        ensure!(out.code == 0, "run {id}: {out:?}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self
-            .sh(id, "reg", &format!("ls {STATE} | grep -c '^[0-9]'"))
-            .stdout
-            .trim()
-            != "2"
-        {
-            ensure!(
-                Instant::now() < deadline,
-                "{id} did not register its CUDA processes"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    }
-
-    /// The stand-in's pids (ascending) with their states, and its call log.
-    fn cuda(&self, id: &str) -> (Vec<(u32, String)>, Vec<String>) {
-        let states = self.sh(
-            id,
-            "states",
-            &format!("cd {STATE} && for p in $(ls | grep '^[0-9]' | sort -n); do echo $p $(cat $p); done"),
-        );
-        let states = states
-            .stdout
-            .lines()
-            .filter_map(|l| l.split_once(' '))
-            .filter_map(|(p, s)| Some((p.parse().ok()?, s.to_string())))
-            .collect();
-        let calls = self.sh(id, "calls", &format!("cat {STATE}/calls.log 2>/dev/null"));
-        (states, calls.stdout.lines().map(String::from).collect())
-    }
-}
-
 /// The calls of one handoff step over `pids`: e.g. `lock 1`, `lock 7`.
 fn calls(actions: &[&str], pids: &[u32]) -> Vec<String> {
     actions
@@ -100,8 +100,8 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
     }
     let mut taken = Vec::new();
     let result = (|| {
-        e.run_gpu(src, &[])?;
-        let (states, _) = e.cuda(src);
+        run_gpu(e, src, &[])?;
+        let (states, _) = cuda(e, src);
         let pids: Vec<u32> = states.iter().map(|(p, _)| *p).collect();
         ensure!(pids.len() == 2 && pids[0] == 1, "registered: {states:?}");
 
@@ -110,7 +110,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
         taken.push(digest.clone());
         let moved_out = calls(&["lock", "checkpoint"], &pids);
         let moved_back = calls(&["restore", "unlock"], &pids);
-        let (states, log) = e.cuda(src);
+        let (states, log) = cuda(e, src);
         ensure!(
             log == [moved_out.clone(), moved_back.clone()].concat(),
             "source's calls: {log:?}"
@@ -138,7 +138,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
         // A fork starts with its processes checkpointed (as in the snapshot) and restores
         // and unlocks them before Start returns.
         e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--fork-id", fork])?;
-        let (states, log) = e.cuda(fork);
+        let (states, log) = cuda(e, fork);
         ensure!(
             log == [moved_out.clone(), moved_back.clone()].concat(),
             "fork's calls: {log:?}"
@@ -150,7 +150,7 @@ pub fn gpu_standin_handoff_around_snapshot_fork_and_resume(e: &Env) -> TestResul
 
         // Suspend moves them out and stops; resume moves them back.
         taken.push(e.suspend_and_resume(src)?);
-        let (states, log) = e.cuda(src);
+        let (states, log) = cuda(e, src);
         let expected = [moved_out.clone(), moved_back.clone(), moved_out, moved_back].concat();
         ensure!(log == expected, "resumed source's calls: {log:?}");
         ensure!(
@@ -169,7 +169,11 @@ pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
     let result = (|| {
         // A one-second lock timeout, from an options file.
         let opts = e.options_with("gpu.toml", "[gpu]\nlock_timeout_secs = 1\n")?;
-        e.run_gpu(id, &["--runtime-config-path", opts.to_str().unwrap_or("")])?;
+        run_gpu(
+            e,
+            id,
+            &["--runtime-config-path", opts.to_str().unwrap_or("")],
+        )?;
         for (control, expect) in [
             ("fail lock", "--action lock"),
             ("fail checkpoint", "--action checkpoint"),
@@ -192,7 +196,7 @@ pub fn gpu_standin_failures_leave_every_process_running(e: &Env) -> TestResult {
                 e.task_status(id).as_deref() == Some("RUNNING"),
                 "{control}: the source stopped"
             );
-            let (states, log) = e.cuda(id);
+            let (states, log) = cuda(e, id);
             if control == "fail restore" {
                 // After runsc's checkpoint nothing more can be undone: the snapshot failed,
                 // the sandbox runs, and the processes read as the stand-in left them.

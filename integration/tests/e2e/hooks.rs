@@ -4,34 +4,32 @@
 
 use super::*;
 
+/// `ctr run -d` of the snapshot tests' counter with `hooks` as its annotation.
+fn run_with_hooks(e: &Env, id: &str, hooks: &serde_json::Value, extra: &[&str]) -> CtrOutput {
+    let annotation = format!("chalk.io/hooks={hooks}");
+    let mut args = vec![
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--annotation",
+        &annotation,
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[IMAGE, id, "sh", "-c", COUNTER]);
+    e.ctr(&args)
+}
+
+fn hook_log(e: &Env, id: &str) -> String {
+    e.sh(id, "hooklog", "cat /tmp/hooks.log").stdout
+}
+
 /// A hook appending `word $CHALK_CONTAINER_ID` to /tmp/hooks.log inside the sandbox.
 fn log_hook(stage: &str, word: &str) -> serde_json::Value {
     serde_json::json!({
         "stage": stage,
         "command": ["/bin/sh", "-c", format!("echo {word} $CHALK_CONTAINER_ID >> /tmp/hooks.log")],
     })
-}
-
-impl Env {
-    /// `ctr run -d` of the snapshot tests' counter with `hooks` as its annotation.
-    fn run_with_hooks(&self, id: &str, hooks: &serde_json::Value, extra: &[&str]) -> CtrOutput {
-        let annotation = format!("chalk.io/hooks={hooks}");
-        let mut args = vec![
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--annotation",
-            &annotation,
-        ];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&[IMAGE, id, "sh", "-c", snapshots::COUNTER]);
-        self.ctr(&args)
-    }
-
-    fn hook_log(&self, id: &str) -> String {
-        self.sh(id, "hooklog", "cat /tmp/hooks.log").stdout
-    }
 }
 
 pub fn hooks_run_around_a_snapshot_and_in_each_fork(e: &Env) -> TestResult {
@@ -46,30 +44,30 @@ pub fn hooks_run_around_a_snapshot_and_in_each_fork(e: &Env) -> TestResult {
             log_hook("post-checkpoint", "post"),
             log_hook("post-restore", "restored"),
         ]);
-        let out = e.run_with_hooks(src, &hooks, &[]);
+        let out = run_with_hooks(e, src, &hooks, &[]);
         ensure!(out.code == 0, "{out:?}");
         std::thread::sleep(Duration::from_millis(300));
         let digest = e.snapshot_of(src)?;
         taken.push(digest.clone());
         ensure!(
-            e.hook_log(src) == "pre hk-src\npost hk-src\n",
+            hook_log(e, src) == "pre hk-src\npost hk-src\n",
             "source's log after the snapshot: {:?}",
-            e.hook_log(src)
+            hook_log(e, src)
         );
         // The fork starts from the snapshot (taken after `pre`, before `post`) and runs its
         // post-restore hook as itself.
         e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--fork-id", fork])?;
         ensure!(
-            e.hook_log(fork) == "pre hk-src\nrestored hk-fork\n",
+            hook_log(e, fork) == "pre hk-src\nrestored hk-fork\n",
             "fork's log: {:?}",
-            e.hook_log(fork)
+            hook_log(e, fork)
         );
         // Suspend and resume: the resumed sandbox runs post-restore too.
         taken.push(e.suspend_and_resume(src)?);
         ensure!(
-            e.hook_log(src) == "pre hk-src\npost hk-src\npre hk-src\nrestored hk-src\n",
+            hook_log(e, src) == "pre hk-src\npost hk-src\npre hk-src\nrestored hk-src\n",
             "resumed source's log: {:?}",
-            e.hook_log(src)
+            hook_log(e, src)
         );
         Ok(())
     })();
@@ -94,7 +92,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
         // source runs on.
         let failing = serde_json::json!([{"stage": "pre-checkpoint",
             "command": ["/bin/sh", "-c", "echo disk full >&2; exit 3"]}]);
-        let out = e.run_with_hooks(ids[0], &failing, &[]);
+        let out = run_with_hooks(e, ids[0], &failing, &[]);
         ensure!(out.code == 0, "{out:?}");
         let out = e.chalkctl(&["snapshot", "create", "--id", ids[0]]);
         ensure!(
@@ -120,7 +118,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
         // One that hangs: killed at its timeout.
         let slow = serde_json::json!([{"stage": "pre-checkpoint", "command": ["/bin/sleep", "60"],
             "timeout_secs": 1}]);
-        let out = e.run_with_hooks(ids[1], &slow, &[]);
+        let out = run_with_hooks(e, ids[1], &slow, &[]);
         ensure!(out.code == 0, "{out:?}");
         let started = Instant::now();
         let out = e.chalkctl(&["snapshot", "create", "--id", ids[1]]);
@@ -147,7 +145,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
         // A post-restore hook that fails: the fork fails with its output and is gone.
         let bad_restore = serde_json::json!([{"stage": "post-restore",
             "command": ["/bin/sh", "-c", "echo no identity >&2; exit 4"]}]);
-        let out = e.run_with_hooks(ids[2], &bad_restore, &[]);
+        let out = run_with_hooks(e, ids[2], &bad_restore, &[]);
         ensure!(out.code == 0, "{out:?}");
         let digest = e.snapshot_of(ids[2])?;
         taken.push(digest.clone());
@@ -172,7 +170,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
             marker.display()
         );
         let opts = e.options_with("hooks.toml", &hook)?;
-        e.run_detached_with(ids[4], &opts, &["sh", "-c", snapshots::COUNTER])?;
+        e.run_detached_with(ids[4], &opts, &["sh", "-c", COUNTER])?;
         taken.push(e.snapshot_of(ids[4])?);
         let got = std::fs::read_to_string(&marker).unwrap_or_default();
         ensure!(
@@ -183,7 +181,7 @@ pub fn failing_hooks_abort_the_checkpoint_or_fail_the_restore(e: &Env) -> TestRe
         // An annotation may not ask for the host.
         let host = serde_json::json!([{"stage": "pre-checkpoint", "place": "host",
             "command": ["/bin/true"]}]);
-        let out = e.run_with_hooks(ids[5], &host, &[]);
+        let out = run_with_hooks(e, ids[5], &host, &[]);
         ensure!(
             out.code != 0 && out.stderr.contains("only in the sandbox"),
             "host hook by annotation: {out:?}"
@@ -206,7 +204,7 @@ pub fn fork_identity_example_gives_each_fork_its_own(e: &Env) -> TestResult {
         let example: serde_json::Value =
             serde_json::from_str(include_str!("../../../hooks/examples/fork-identity.json"))
                 .map_err(|e| e.to_string())?;
-        let out = e.run_with_hooks(src, &example, &[]);
+        let out = run_with_hooks(e, src, &example, &[]);
         ensure!(out.code == 0, "{out:?}");
         e.sh(src, "mid", "echo source-id > /etc/machine-id");
         let digest = e.snapshot_of(src)?;

@@ -7,46 +7,10 @@ use chalk_integration::api::Descriptor;
 
 use super::*;
 
-/// The entrypoint of every snapshot test: writes to the root filesystem and /tmp, then counts
-/// in memory, saving the count where an exec can read it (renamed into place, so a reader
-/// never finds it empty).
-pub const COUNTER: &str = "echo hello > /workspace/notes.txt; echo tmp > /tmp/t; i=0; \
-                       while true; do i=$((i+1)); echo $i > /tmp/c.new; \
-                       mv /tmp/c.new /tmp/count; sleep 0.1; done";
-
-impl Env {
-    pub(crate) fn sh(&self, id: &str, exec_id: &str, script: &str) -> CtrOutput {
-        self.ctr(&["task", "exec", "--exec-id", exec_id, id, "sh", "-c", script])
-    }
-
-    pub(crate) fn count(&self, id: &str) -> Result<u64, Failed> {
-        let out = self.sh(id, "count", "cat /tmp/count");
-        out.stdout
-            .trim()
-            .parse()
-            .map_err(|_| Failed::from(format!("counter of {id}: {out:?}")))
-    }
-
-    pub(crate) fn start_counter(&self, id: &str) -> TestResult {
-        self.run_detached(id, &["sh", "-c", COUNTER])?;
-        // Let it write its files and count a little.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.count(id).unwrap_or(0) < 3 {
-            ensure!(Instant::now() < deadline, "{id} does not count");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn restore_live(&self, id: &str, snapshot: &str) -> CtrOutput {
-        self.ctr(&["containers", "restore", "--live", id, snapshot])
-    }
-
-    fn snapshot_dir(&self, name: &str) -> PathBuf {
-        let dir = self.c.dir().join("snapshots").join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
-    }
+fn snapshot_dir(e: &Env, name: &str) -> PathBuf {
+    let dir = e.c.dir().join("snapshots").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }
 
 fn manifest(dir: &Path) -> Result<serde_json::Value, Failed> {
@@ -239,7 +203,7 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
     let (src, src_dir) = ("tamper-src", "dir-for-tamper");
     e.remove(src);
     e.remove(src_dir);
-    let dir = e.snapshot_dir("tamper");
+    let dir = snapshot_dir(e, "tamper");
     let mut api = e.api();
     api.lease("tamper-test")?;
     let taken = (|| {
@@ -460,7 +424,7 @@ pub fn restore_is_pinned_to_the_image_digest(e: &Env) -> TestResult {
 pub fn failed_checkpoint_leaves_the_source_running(e: &Env) -> TestResult {
     let id = "ckfail";
     e.remove(id);
-    let dir = e.snapshot_dir(id);
+    let dir = snapshot_dir(e, id);
     let result = (|| {
         e.start_counter(id)?;
         // runsc writes fresh files: a directory holding something is refused, untouched.
@@ -580,7 +544,7 @@ pub fn failed_snapshot_never_costs_the_source(e: &Env) -> TestResult {
             small.is_empty("unchecked"),
             "a failed checkpoint left files"
         );
-        if forktree::current_runsc() {
+        if testkit::current_runsc() {
             ensure!(
                 e.task_status(unchecked).as_deref() == Some("RUNNING"),
                 "a half-written checkpoint cost the source: {:?}",

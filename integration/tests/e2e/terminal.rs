@@ -7,60 +7,57 @@ use chalk_integration::{api::Descriptor, tty::TtyTask};
 
 use super::*;
 
-/// The shell's prompt.
-const PROMPT: &str = "# ";
+/// A container whose init is an interactive shell on a terminal, not yet started.
+fn tty_container(e: &Env, id: &str) -> TestResult {
+    let out = e.ctr(&[
+        "containers",
+        "create",
+        "-t",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        id,
+        "sh",
+    ]);
+    ensure!(out.code == 0, "create {id}: {out:?}");
+    Ok(())
+}
 
-impl Env {
-    /// A container whose init is an interactive shell on a terminal, not yet started.
-    fn tty_container(&self, id: &str) -> TestResult {
-        let out = self.ctr(&[
-            "containers",
-            "create",
-            "-t",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            id,
-            "sh",
-        ]);
-        ensure!(out.code == 0, "create {id}: {out:?}");
-        Ok(())
-    }
+fn tty(
+    e: &Env,
+    id: &str,
+    from: Option<&Descriptor>,
+    size: Option<(u32, u32)>,
+) -> Result<TtyTask, Failed> {
+    TtyTask::start(&e.c.socket(), &e.c.namespace, id, from, size).map_err(Failed::from)
+}
 
-    fn tty(
-        &self,
-        id: &str,
-        from: Option<&Descriptor>,
-        size: Option<(u32, u32)>,
-    ) -> Result<TtyTask, Failed> {
-        TtyTask::start(&self.c.socket(), &self.c.namespace, id, from, size).map_err(Failed::from)
-    }
-
-    /// The checkpoint in chalkctl snapshot `digest`.
-    fn checkpoint_of(&self, digest: &str) -> Result<Descriptor, Failed> {
-        let index = self
-            .c
-            .dir()
+/// The checkpoint in chalkctl snapshot `digest`.
+fn checkpoint_of(e: &Env, digest: &str) -> Result<Descriptor, Failed> {
+    let index =
+        e.c.dir()
             .join("root/io.containerd.content.v1.content/blobs/sha256")
             .join(digest.trim_start_matches("sha256:"));
-        let index: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(&index).map_err(|e| format!("{}: {e}", index.display()))?,
-        )
-        .map_err(|e| e.to_string())?;
-        let m = index["manifests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|m| m["mediaType"] == chalk_integration::api::CHECKPOINT_TAR)
-            .ok_or("the snapshot has no checkpoint")?;
-        Ok(Descriptor {
-            media_type: m["mediaType"].as_str().unwrap_or_default().into(),
-            digest: m["digest"].as_str().unwrap_or_default().into(),
-            size: m["size"].as_i64().unwrap_or_default(),
-            annotations: Default::default(),
-        })
-    }
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&index).map_err(|e| format!("{}: {e}", index.display()))?,
+    )
+    .map_err(|e| e.to_string())?;
+    let m = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mediaType"] == chalk_integration::api::CHECKPOINT_TAR)
+        .ok_or("the snapshot has no checkpoint")?;
+    Ok(Descriptor {
+        media_type: m["mediaType"].as_str().unwrap_or_default().into(),
+        digest: m["digest"].as_str().unwrap_or_default().into(),
+        size: m["size"].as_i64().unwrap_or_default(),
+        annotations: Default::default(),
+    })
 }
+
+/// The shell's prompt.
+const PROMPT: &str = "# ";
 
 /// Types `line` and waits for `expect` in what follows.
 fn say(t: &mut TtyTask, line: &str, expect: &str) -> Result<(), Failed> {
@@ -89,8 +86,8 @@ pub fn terminal_signals_size_and_settings_survive_a_restore(e: &Env) -> TestResu
     }
     let mut taken = Vec::new();
     let result = (|| {
-        e.tty_container(src)?;
-        let mut s = e.tty(src, None, Some((100, 30)))?;
+        tty_container(e, src)?;
+        let mut s = tty(e, src, None, Some((100, 30)))?;
         s.wait_for(0, PROMPT, Duration::from_secs(20))?;
         say(&mut s, "X=42; stty size", "30 100")?;
         let fresh = ctrl_c(&mut s)?;
@@ -105,8 +102,8 @@ pub fn terminal_signals_size_and_settings_survive_a_restore(e: &Env) -> TestResu
 
         // A fork through a terminal client that sends no size: the snapshot's size and line
         // settings, one echo per line, Ctrl-C, and SIGWINCH on a resize.
-        e.tty_container(fork)?;
-        let mut f = e.tty(fork, Some(&e.checkpoint_of(&digest)?), None)?;
+        tty_container(e, fork)?;
+        let mut f = tty(e, fork, Some(&checkpoint_of(e, &digest)?), None)?;
         // The shell waits at its prompt, reading keys in raw mode: the new terminal must be
         // in raw mode too, or it echoes the line itself before the shell does.
         say(&mut f, "echo fork-$X", "fork-42")?;
@@ -146,7 +143,7 @@ pub fn terminal_signals_size_and_settings_survive_a_restore(e: &Env) -> TestResu
             .to_string();
         taken.push(suspended.clone());
         drop(f);
-        let mut r = e.tty(fork, Some(&e.checkpoint_of(&suspended)?), None)?;
+        let mut r = tty(e, fork, Some(&checkpoint_of(e, &suspended)?), None)?;
         say(&mut r, "stty size; echo again-$X", "again-42")?;
         ensure!(
             r.output().contains("40 120"),
@@ -193,4 +190,110 @@ pub fn a_snapshot_does_not_cut_ctrs_terminal(e: &Env) -> TestResult {
     e.remove(id);
     result?;
     e.assert_clean(id)
+}
+
+// ---- TTY ---------------------------------------------------------------------------------------
+
+/// Shell that prints `size=ROWS COLS` once the terminal has a size: ctr sends ResizePty only
+/// after the process started (ctr 1.6 puts no consoleSize in the spec), so the first instants
+/// may see no size (busybox's stty then prints nothing useful), with runc as with runsc.
+const PRINT_SIZE: &str = "i=0; until s=$(stty size 2>/dev/null) && [ \"${s#[1-9]}\" != \"$s\" ]; \
+                          do i=$((i+1)); [ $i -gt 100 ] && break; sleep 0.1; done; echo size=$s";
+
+/// Runs a ctr command under `script`, which gives it a pseudo-terminal of 45 rows, 123 columns.
+fn under_terminal(e: &Env, ctr_args: &str) -> CtrOutput {
+    let ctr = format!(
+        "ctr --address {} --namespace {}",
+        e.c.socket().display(),
+        e.c.namespace
+    );
+    let ctr = match std::env::var("CHALK_CTR") {
+        Ok(p) if !p.is_empty() => ctr.replacen("ctr", &p, 1),
+        _ => ctr,
+    };
+    let mut child = Command::new("script")
+        .args([
+            "-qefc",
+            &format!("stty cols 123 rows 45; {ctr} {ctr_args}"),
+            "/dev/null",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run script");
+    // script ends the session at end-of-file on its stdin, which /dev/null gives at once: a
+    // slow start could then lose the command's output. The pipe stays open until it is done.
+    let stdin = child.stdin.take();
+    let out = child.wait_with_output().expect("wait for script");
+    drop(stdin);
+    out.into()
+}
+
+pub fn tty_and_resize(e: &Env) -> TestResult {
+    let out = under_terminal(
+        e,
+        &format!(
+            "run --rm -t --runtime {RUNTIME} {IMAGE} tty sh -c 'test -t 0 && test -t 1 && echo is-a-tty; {PRINT_SIZE}'"
+        ),
+    );
+    ensure!(out.code == 0, "tty run: {out:?}");
+    ensure!(
+        out.stdout.contains("is-a-tty"),
+        "stdin/stdout are not a terminal: {:?}",
+        out.stdout
+    );
+    ensure!(
+        out.stdout.contains("size=45 123"),
+        "ResizePty did not reach the sandbox: {:?}; shim said: {:?}",
+        out.stdout,
+        e.c.log()
+            .lines()
+            .filter(|l| l.contains("terminal of tty"))
+            .collect::<Vec<_>>()
+    );
+
+    // ResizePty on a running process reaches the sandbox's terminal.
+    let out = under_terminal(
+        e,
+        &format!(
+            "run -d -t --runtime {RUNTIME} {IMAGE} ttyresize sh -c \
+             'while ! test -e /tmp/go; do sleep 0.1; done; stty size > /tmp/size; sleep 1000'"
+        ),
+    );
+    ensure!(out.code == 0, "run -d -t: {out:?}");
+    let resized = e
+        .api()
+        .resize_pty("ttyresize", "", 77, 33)
+        .map_err(Failed::from);
+    let out = e.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "go",
+        "ttyresize",
+        "sh",
+        "-c",
+        "touch /tmp/go; while ! test -s /tmp/size; do sleep 0.1; done; cat /tmp/size",
+    ]);
+    e.remove("ttyresize");
+    resized?;
+    ensure!(
+        out.stdout.trim() == "33 77",
+        "size after ResizePty: {out:?}"
+    );
+
+    e.run_detached("ttyexec", &["sleep", "1000"])?;
+    let out = under_terminal(
+        e,
+        &format!("task exec -t --exec-id t1 ttyexec sh -c '{PRINT_SIZE}; exit 4'"),
+    );
+    e.remove("ttyexec");
+    ensure!(out.code == 4, "tty exec status: {out:?}");
+    ensure!(
+        out.stdout.contains("size=45 123"),
+        "exec tty size: {:?}",
+        out.stdout
+    );
+    e.assert_clean("tty")
 }

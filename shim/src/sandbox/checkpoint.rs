@@ -23,11 +23,8 @@ use chalk_runtime::{
 };
 use containerd_shim::protos::{events::task::TaskCheckpointed, topics};
 
-use super::{
-    container::{kill_pid, Busy, Container},
-    launch::Launch,
-    Sandboxes,
-};
+use super::{launch::Launch, Sandboxes};
+use crate::container::{kill_pid, Busy, Container};
 use crate::{
     errors::{Result, ShimError},
     runtime_options::CheckpointRequest,
@@ -428,7 +425,7 @@ fn pod_facts(members: &[Arc<Container>]) -> PodFacts {
     let containers = members
         .iter()
         .map(|m| {
-            let mut spec = crate::bundle::read_spec(&m.bundle).unwrap_or_default();
+            let mut spec = chalk_runtime::bundle::read_spec(&m.bundle).unwrap_or_default();
             let annotation = |k: &str| spec["annotations"][k].as_str().unwrap_or("").to_string();
             let (name, image) = (
                 annotation("io.kubernetes.cri.container-name"),

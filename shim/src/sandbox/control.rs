@@ -12,10 +12,8 @@ use containerd_shim::protos::{
     topics,
 };
 
-use super::{
-    container::{Busy, ExitInfo},
-    display_exec, Sandboxes,
-};
+use super::{display_exec, Sandboxes};
+use crate::container::{Busy, ExitInfo};
 use crate::{
     errors::{Result, ShimError},
     io::StdioPaths,
@@ -59,7 +57,7 @@ impl Sandboxes {
                 // A restore that has not started, or a pod container that has not: there is
                 // no process to signal yet (a pod container's pid is its sandbox's). Decided
                 // under the lock Start holds, so a Start in between is seen.
-                self.record_exit(id, p, super::container::killed_by(signal as i32) as i32);
+                self.record_exit(id, p, crate::container::killed_by(signal as i32) as i32);
                 return Ok(());
             }
             Status::Created if exec_id.is_empty() => {
@@ -215,7 +213,7 @@ impl Sandboxes {
             let file = c
                 .bundle
                 .join(format!(".update-{}.json", std::process::id()));
-            crate::bundle::write_private(&file, resources)?;
+            chalk_runtime::bundle::write_private(&file, resources)?;
             let result = c.runtime.update(id, &file);
             let _ = std::fs::remove_file(&file);
             return Ok(result?);

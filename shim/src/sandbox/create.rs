@@ -10,7 +10,11 @@ use std::{
 };
 
 use chalk_runtime::{
-    bundle::Record, executable, ids, lifetime::Lifetime, netns, options::RuntimeOptions,
+    bundle::{self, Record},
+    executable, ids,
+    lifetime::Lifetime,
+    netns,
+    options::RuntimeOptions,
     spec::Placement,
 };
 use containerd_shim::protos::{
@@ -20,15 +24,12 @@ use containerd_shim::protos::{
 };
 use serde_json::Value;
 
-use super::{
-    container::{Container, ContainerState, Process},
-    launch::Launch,
-    Sandboxes,
-};
+use super::{launch::Launch, Sandboxes};
+use crate::container::{Container, ContainerState, Process};
 use crate::{
-    bundle::{self, RootfsMount},
     errors::{Result, ShimError},
     io::StdioPaths,
+    rootfs::{self, RootfsMount},
     runtimes::network_hint,
     unpacked::{containerd_temp_dir, UnpackedCheckpoint},
 };
@@ -56,7 +57,7 @@ struct Undo<'a> {
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
         if self.armed {
-            bundle::cleanup(self.bundle, self.rootfs_mounted, self.netns.as_deref());
+            rootfs::cleanup(self.bundle, self.rootfs_mounted, self.netns.as_deref());
         }
     }
 }
@@ -167,7 +168,7 @@ impl Sandboxes {
         crate::private_mounts::make_private(&mut adapted, &bundle_dir)
             .map_err(|e| invalid(e.to_string()))?;
         bundle::write_spec(&bundle_dir, &spec, &adapted)?;
-        undo.rootfs_mounted = bundle::mount_rootfs(&bundle_dir, &rootfs)?;
+        undo.rootfs_mounted = rootfs::mount(&bundle_dir, &rootfs)?;
         // runsc would only notice at start; containerd clients expect Create to fail.
         executable::check(&spec, &bundle_dir)?;
 

@@ -6,14 +6,12 @@ use std::time::{Duration, SystemTime};
 use chalk_runtime::state::{self, Status};
 use containerd_shim::protos::{events::task::TaskDelete, topics};
 
-use super::{
-    container::{ExitInfo, KILLED, LOST},
-    Sandboxes,
-};
+use super::Sandboxes;
+use crate::container::{ExitInfo, KILLED, LOST};
 use crate::{
-    bundle,
     errors::{Result, ShimError},
     events::timestamp,
+    rootfs,
 };
 
 impl Sandboxes {
@@ -83,7 +81,7 @@ impl Sandboxes {
                 });
             }
         }
-        bundle::cleanup(&c.bundle, c.rootfs_mounted, c.netns.as_deref());
+        rootfs::cleanup(&c.bundle, c.rootfs_mounted, c.netns.as_deref());
         let _ = std::fs::remove_file(c.init_pid_path());
         self.inner.containers.lock().unwrap().remove(id);
 

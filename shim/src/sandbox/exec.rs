@@ -1,6 +1,7 @@
 //! Exec: a process added to a running sandbox (`runsc exec` in the foreground, whose exit is
 //! the process's), with its own stdio or terminal.
 
+use chalk_runtime::bundle;
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -16,12 +17,9 @@ use containerd_shim::protos::{
     topics,
 };
 
-use super::{
-    container::{Container, ExitInfo, Process, LOST},
-    Sandboxes,
-};
+use super::Sandboxes;
+use crate::container::{Container, ExitInfo, Process, LOST};
 use crate::{
-    bundle,
     errors::{Result, ShimError},
     io::{self, StdioPaths},
 };

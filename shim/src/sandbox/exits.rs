@@ -13,10 +13,8 @@ use containerd_shim::protos::{
     topics,
 };
 
-use super::{
-    container::{Container, ContainerState, ExitInfo, Process},
-    Sandboxes,
-};
+use super::Sandboxes;
+use crate::container::{Container, ContainerState, ExitInfo, Process};
 use crate::{events::timestamp, oom};
 
 impl Sandboxes {

@@ -1,13 +1,14 @@
 //! Making a sandbox with its init's stdio: by `runsc create` (Create) or by restoring a
 //! checkpoint (Start of a restore, or the 2022 runsc's snapshot, which replaces the source).
 
+use chalk_runtime::bundle;
 use std::{path::Path, sync::atomic::Ordering, time::Duration};
 
 use chalk_runtime::{runsc::ProcessStdio, terminal::TerminalState};
 
-use super::{container::Container, Sandboxes};
+use super::Sandboxes;
+use crate::container::Container;
 use crate::{
-    bundle,
     errors::{Result, ShimError},
     io::{self, ConsoleSocket, StdioPaths},
 };

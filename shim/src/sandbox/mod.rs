@@ -4,10 +4,9 @@
 //! file. The runtime ([`RuntimeFactory`]), containerd's records ([`Records`]) and the event
 //! sink ([`EventSink`]) are traits, so the lifecycle is unit-tested with fakes (`tests.rs`).
 //!
-//! The lock rules are written where the locks are: see [`container`].
+//! The lock rules are written where the locks are: see `crate::container`.
 
 mod checkpoint;
-pub mod container;
 mod control;
 mod create;
 mod delete;
@@ -31,12 +30,12 @@ pub use create::CreateRequest;
 pub use exec::ExecRequest;
 
 use crate::{
+    container::Container,
     containerd::Records,
     errors::{Result, ShimError},
     events::EventSink,
     logger::LogContext,
     runtimes::RuntimeFactory,
-    sandbox::container::Container,
 };
 
 #[derive(Clone)]

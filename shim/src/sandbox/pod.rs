@@ -7,10 +7,8 @@ use std::sync::{atomic::Ordering, Arc};
 
 use chalk_runtime::{runsc::ProcessStdio, state::Status};
 
-use super::{
-    container::{Container, Process, KILLED},
-    Sandboxes,
-};
+use super::Sandboxes;
+use crate::container::{Container, Process, KILLED};
 use crate::{
     errors::{Result, ShimError},
     io,

@@ -12,7 +12,8 @@ use chalk_runtime::{
     },
 };
 
-use super::{container::RestoreFrom, Sandboxes};
+use super::Sandboxes;
+use crate::container::RestoreFrom;
 use crate::errors::{Result, ShimError};
 
 impl Sandboxes {

@@ -10,11 +10,8 @@ use std::{
 use chalk_runtime::state::{self, Event as Transition, Status};
 use containerd_shim::protos::{events::task::TaskStart, topics};
 
-use super::{
-    container::{kill_pid, Busy, Container, RestoreFrom},
-    launch::Launch,
-    Sandboxes,
-};
+use super::{launch::Launch, Sandboxes};
+use crate::container::{kill_pid, Busy, Container, RestoreFrom};
 use crate::{
     errors::{Result, ShimError},
     runtimes::network_hint,

@@ -23,7 +23,8 @@ use chalk_runtime::{
 };
 use containerd_shim::{protos::protobuf::MessageDyn, ExitSignal};
 
-use super::{container::KILLED, CreateRequest, ExecRequest, Sandboxes};
+use super::{CreateRequest, ExecRequest, Sandboxes};
+use crate::container::KILLED;
 use crate::{
     containerd::Records,
     errors::{Result, ShimError},
@@ -725,7 +726,7 @@ fn an_exit_during_a_checkpoint_is_reported_after_it() {
     w.create("web").unwrap();
     w.shim.start("web", "").unwrap();
     let c = w.shim.container("web").unwrap();
-    c.state.lock().unwrap().init.busy = Some(super::container::Busy::Checkpointing);
+    c.state.lock().unwrap().init.busy = Some(crate::container::Busy::Checkpointing);
     w.runtime.end("web", 137);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(w.status("web"), Status::Running, "not while busy");

@@ -1,11 +1,21 @@
-//! packaging/install.sh against a private config (never the system's): what containerd then
-//! reads, idempotence, --dry-run, --uninstall, and a foreign `chalk` runtime left alone.
+//! Installing the runtime: packaging/install.sh against a private config (never the system's):
+//! what containerd then reads, idempotence, --dry-run, --uninstall, and a foreign `chalk`
+//! runtime left alone; the Debian package's install and purge; the node installer's image run
+//! as a sandbox of a private containerd.
 
-use std::path::Path;
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
-use chalk_integration::containerd::{program, shim_binary};
-
-use super::*;
+use chalk_integration::{
+    cases,
+    containerd::{program, shim_binary},
+    ensure,
+    testkit::{self, Env, Failed, TestResult},
+    Containerd, CtrOutput, RUNTIME,
+};
 
 fn installer() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/install.sh")
@@ -362,4 +372,14 @@ pub fn node_installer_image_installs_onto_the_host_root(e: &Env) -> TestResult {
     e.ctr(&["images", "rm", name]);
     result?;
     e.assert_clean(id)
+}
+
+fn main() {
+    let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
+    let all = cases![
+        installer_registers_the_runtime_and_uninstalls_exactly,
+        debian_package_installs_and_purges,
+        node_installer_image_installs_onto_the_host_root,
+    ];
+    testkit::run(Env { c }, all, |_| Ok(()))
 }
