@@ -37,6 +37,8 @@ pub struct Client {
     channel: Channel,
     namespace: String,
     lease: Option<String>,
+    /// The snapshot store shared with the shim (its `[snapshot] store` option).
+    store_root: Option<std::path::PathBuf>,
 }
 
 fn describe(what: &str, e: Status) -> Error {
@@ -72,7 +74,31 @@ impl Client {
             channel,
             namespace: namespace.to_string(),
             lease: None,
+            store_root: None,
         })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Uses the snapshot store at `root` (else the one the shim's default options name).
+    pub fn set_store(&mut self, root: std::path::PathBuf) {
+        self.store_root = Some(root);
+    }
+
+    /// The snapshot store, opened (made if need be).
+    pub fn store(&self) -> Result<chalk_runtime::snapshot::store::Store> {
+        let root = match &self.store_root {
+            Some(root) => root.clone(),
+            None => {
+                chalk_runtime::options::RuntimeOptions::load_default()
+                    .map_err(|e| Error::from(e.to_string()))?
+                    .snapshot
+                    .store
+            }
+        };
+        chalk_runtime::snapshot::store::Store::open(&root).map_err(|e| Error::from(e.to_string()))
     }
 
     fn req<T>(&self, msg: T) -> Request<T> {
@@ -264,13 +290,30 @@ impl Client {
 
     /// Tasks.Checkpoint with runc's `CheckpointOptions` (`exit` for suspend): the
     /// descriptors containerd stored (the checkpoint tar and the spec).
-    pub fn checkpoint(&self, id: &str, exit: bool) -> Result<Vec<Descriptor>> {
+    /// Checkpoints task `id` (stopping it after, with `exit`) into `image_path`, a directory
+    /// of the shim's choosing (containerd 2 then stores nothing; containerd 1.6 passes the
+    /// option on but still stores what its own temporary directory holds: nothing), or else
+    /// into containerd's content store.
+    pub fn checkpoint(
+        &self,
+        id: &str,
+        exit: bool,
+        image_path: Option<&std::path::Path>,
+    ) -> Result<Vec<Descriptor>> {
+        // containerd.runc.v1.CheckpointOptions: bool exit = 1, string image_path = 8.
+        let mut value = Vec::new();
+        if exit {
+            prost::encoding::bool::encode(1, &exit, &mut value);
+        }
+        if let Some(path) = image_path {
+            prost::encoding::string::encode(8, &path.display().to_string(), &mut value);
+        }
         let req = self.req(CheckpointTaskRequest {
             container_id: id.to_string(),
             parent_checkpoint: String::new(),
             options: Some(prost_types::Any {
                 type_url: "containerd.runc.v1.CheckpointOptions".into(),
-                value: if exit { vec![0x08, 0x01] } else { Vec::new() }, // bool exit = 1
+                value,
             }),
         });
         Ok(self

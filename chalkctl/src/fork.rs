@@ -15,11 +15,10 @@ use serde_json::Value;
 use crate::{
     client::{Client, Result},
     progress::Progress,
-    snapshots::{self, CHECKPOINT_TAR, RUNTIME},
+    snapshots::{self, CHECKPOINT_SPEC, CHECKPOINT_TAR, RUNTIME},
     Error,
 };
 
-const CHECKPOINT_SPEC: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
 /// Set on every fork: the snapshot it came from (its parent snapshot).
 pub const FORKED_FROM: &str = "chalk.io/forked-from";
 /// Set on every fork: the sandbox that snapshot was taken of (its parent sandbox).
@@ -48,6 +47,8 @@ pub(crate) struct Parts {
     image: String,
     base: Descriptor,
     chain_id: String,
+    /// The stored snapshot (its OCI manifest digest) the index points at, if it is one.
+    pub stored: Option<String>,
 }
 
 fn descriptor(v: &Value) -> Descriptor {
@@ -64,7 +65,25 @@ fn read_json(client: &Client, digest: &str) -> Result<Value> {
         .map_err(|e| Error::from(format!("{digest}: {e}")))
 }
 
-pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
+/// What snapshot `digest` (its record's index) holds for a restore: from the snapshot store
+/// when the index names a stored snapshot, else from the index of a snapshot taken before
+/// snapshots were stored as blobs. Either way the index's checkpoint is what containerd is
+/// given: for a stored snapshot a pointer to it, so that the shim restores from the store's
+/// own files whatever containerd's version.
+pub(crate) fn parts(client: &Client, digest: &str) -> Result<Parts> {
+    let mut p = legacy_parts(client, digest)?;
+    if let Some(stored) = snapshots::stored_snapshot_of(client, digest)? {
+        // Verified now, so that a damaged store is refused before anything is made.
+        client
+            .store()?
+            .open_snapshot(&stored)
+            .map_err(|e| Error::from(e.to_string()))?;
+        p.stored = Some(stored);
+    }
+    Ok(p)
+}
+
+fn legacy_parts(client: &Client, index_digest: &str) -> Result<Parts> {
     let index = read_json(client, index_digest)?;
     let manifests: Vec<&Value> = index["manifests"]
         .as_array()
@@ -81,6 +100,8 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
     let spec_desc = by_type(CHECKPOINT_SPEC).ok_or("the snapshot holds no spec")?;
     let base = manifests
         .iter()
+        // The snapshot's own OCI manifest (an artifact) is no image.
+        .filter(|m| m["artifactType"].is_null())
         .find(|m| {
             let t = m["mediaType"].as_str().unwrap_or_default();
             t.contains("manifest") || t.ends_with("image.index.v1+json")
@@ -110,18 +131,8 @@ pub(crate) fn parts(client: &Client, index_digest: &str) -> Result<Parts> {
                 .map_or(name.clone(), |(n, _)| n.to_string())
         },
         base,
+        stored: None,
     })
-}
-
-/// The snapshot's manifest, read from its checkpoint (None for a checkpoint without one,
-/// which the shim refuses at restore).
-fn manifest(client: &Client, checkpoint: &str) -> Result<Option<Manifest>> {
-    match snapshots::tar_entry(client, checkpoint, "chalk.manifest.json")? {
-        Some(text) => serde_json::from_slice(&text)
-            .map(Some)
-            .map_err(|e| Error::from(format!("the manifest: {e}"))),
-        None => Ok(None),
-    }
 }
 
 /// The pod containers a manifest records (none for a plain sandbox).
@@ -256,7 +267,7 @@ pub fn fork(
     }
     let mut p = parts(client, &snap.digest)?;
     p.source = snap.sandbox_id.clone();
-    let m = manifest(client, &p.checkpoint.digest)?;
+    let m = snapshots::stored_manifest(client, &snap.digest)?;
     p.members = pod_members(m.as_ref())?;
     p.lifetime = opts.clone();
     check_memory(

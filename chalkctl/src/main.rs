@@ -40,6 +40,9 @@ struct Cli {
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
     output: Output,
+    /// The shim's runtime options, for the snapshot store they name ([snapshot] store).
+    #[arg(long, global = true, env = "CHALK_SHIM_CONFIG")]
+    config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -182,6 +185,9 @@ enum SnapshotCommand {
         #[arg(long)]
         cursor: Option<String>,
     },
+    /// Remove what no snapshot needs from the snapshot store: blobs of deleted snapshots,
+    /// what a crashed checkpoint or restore left (run by `delete` too).
+    Gc,
     /// Remove a snapshot (never its source or its forks).
     Delete {
         #[arg(long)]
@@ -216,6 +222,11 @@ fn main() -> ExitCode {
 /// Runs the command; prints tables itself and returns the JSON form.
 fn run(cli: &Cli) -> Result<Value> {
     let mut client = Client::connect(&cli.address, &cli.namespace)?;
+    if let Some(path) = &cli.config {
+        let opts = chalk_runtime::options::RuntimeOptions::load(path)
+            .map_err(|e| Error::from(e.to_string()))?;
+        client.set_store(opts.snapshot.store);
+    }
     let table = cli.output == Output::Table;
     let progress = Progress::new(table);
     match &cli.command {
@@ -342,9 +353,10 @@ fn run(cli: &Cli) -> Result<Value> {
                     if !keep_snapshot {
                         // Whatever became of the forks: it holds the sandbox's memory.
                         match snapshots::delete(&client, &snap) {
-                            Ok(()) => progress.step(&format!(
-                                "deleted the intermediate snapshot {}",
-                                fork::short(&snap.digest)
+                            Ok(gc) => progress.step(&format!(
+                                "deleted the intermediate snapshot {} ({} freed)",
+                                fork::short(&snap.digest),
+                                snapshots::megabytes(gc.bytes_freed)
                             )),
                             Err(e) => eprintln!(
                                 "chalkctl: the intermediate snapshot {} was kept: {e}",
@@ -484,11 +496,34 @@ fn run(cli: &Cli) -> Result<Value> {
         }
         Command::Snapshot(SnapshotCommand::Delete { snapshot_id }) => {
             let snap = snapshots::find(&client, snapshot_id)?;
-            snapshots::delete(&client, &snap)?;
+            let gc = snapshots::delete(&client, &snap)?;
             if table {
-                println!("deleted {}", snap.name);
+                println!(
+                    "deleted {} ({} freed)",
+                    snap.name,
+                    snapshots::megabytes(gc.bytes_freed)
+                );
             }
-            Ok(json!({"deleted": snapshots::to_json(&snap)}))
+            Ok(json!({"deleted": snapshots::to_json(&snap), "freed_bytes": gc.bytes_freed}))
+        }
+        Command::Snapshot(SnapshotCommand::Gc) => {
+            let store = client.store()?;
+            let gc = snapshots::collect(&client, &store)?;
+            if table {
+                println!(
+                    "removed {} blob(s) and {} abandoned directory(ies): {} freed; the store \
+                     holds {}",
+                    gc.blobs_removed,
+                    gc.stale_dirs,
+                    snapshots::megabytes(gc.bytes_freed),
+                    snapshots::megabytes(store.usage())
+                );
+            }
+            Ok(
+                json!({"blobs_removed": gc.blobs_removed, "stale_dirs": gc.stale_dirs,
+                      "freed_bytes": gc.bytes_freed, "store_bytes": store.usage(),
+                      "store": store.root()}),
+            )
         }
     }
 }
@@ -501,8 +536,11 @@ fn spawn_finish(cli: &Cli, name: &str) -> Result<()> {
         std::env::current_exe().map_err(|e| Error::from(format!("find chalkctl itself: {e}")))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["--address", &cli.address, "--namespace", &cli.namespace])
-        .args(["snapshot", "finish", "--name", name])
-        .stdin(std::process::Stdio::null())
+        .args(["snapshot", "finish", "--name", name]);
+    if let Some(config) = &cli.config {
+        cmd.arg("--config").arg(config);
+    }
+    cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     // SAFETY: setsid is async-signal-safe.

@@ -3,7 +3,12 @@
 
 use std::collections::HashMap;
 
-use chalk_runtime::snapshot::{manifest::ImageRef, Manifest};
+use chalk_runtime::snapshot::{
+    manifest::ImageRef,
+    oci,
+    store::{GcReport, Pointer, Store, POINTER},
+    Manifest,
+};
 
 use crate::registry::{self, Filter, Snapshot, Status};
 use containerd_client::{services::v1::Image, types::Descriptor};
@@ -17,6 +22,7 @@ use crate::{
 
 pub const RUNTIME: &str = "io.containerd.chalk.v1";
 pub const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
+pub const CHECKPOINT_SPEC: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// Set on a sandbox's spec before each checkpoint: containerd 1.6 refuses to store a spec it
 /// already holds ("already exists"), which would allow one snapshot per sandbox there.
@@ -34,7 +40,6 @@ pub fn now() -> String {
 /// A snapshot whose record exists, before its checkpoint.
 pub struct Begun {
     pub snap: Snapshot,
-    image: String,
     base: Descriptor,
 }
 
@@ -73,7 +78,7 @@ pub fn begin(
         labels: labels.into_iter().collect(),
     };
     client.create_image(record(&snap, base.clone()))?;
-    Ok(Begun { snap, image, base })
+    Ok(Begun { snap, base })
 }
 
 /// The image a sandbox runs, as the name a snapshot records and the descriptor of its
@@ -123,13 +128,7 @@ pub fn pending(client: &Client, name: &str) -> Result<Begun> {
     if snap.status != Status::Pending {
         return Err(format!("snapshot {name} is {}, not pending", snap.status).into());
     }
-    let image = snap
-        .base_image
-        .as_deref()
-        .and_then(|b| b.rsplit_once('@'))
-        .map(|(name, _)| name.to_string())
-        .ok_or_else(|| Error::from(format!("snapshot {name} names no base image")))?;
-    Ok(Begun { snap, image, base })
+    Ok(Begun { snap, base })
 }
 
 /// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
@@ -141,11 +140,7 @@ pub fn finish(
     suspend: bool,
     progress: &Progress,
 ) -> Result<Snapshot> {
-    let Begun {
-        mut snap,
-        image,
-        base,
-    } = begun;
+    let Begun { mut snap, base, .. } = begun;
     let id = snap.sandbox_id.clone();
     client.lease(&format!("chalkctl-{}", snap.name.replace(['/', ':'], "-")))?;
     if snap.status != Status::InProgress {
@@ -158,7 +153,7 @@ pub fn finish(
         format!("checkpointing {id} (it keeps running)")
     };
     let index = progress.during(&what, || {
-        checkpoint_index(client, &id, &snap.created, &image, &base, suspend)
+        checkpoint_into_store(client, &id, &snap.name, &snap.created, suspend)
     });
     match index {
         Ok((index, size)) => {
@@ -210,30 +205,84 @@ fn record(snap: &Snapshot, target: Descriptor) -> Image {
     }
 }
 
-/// Checkpoints `id` through containerd and stores the index that ties the checkpoint to its
-/// base image; returns the index and the checkpoint's size.
-fn checkpoint_index(
+/// Checkpoints `id` into the snapshot store (the shim moves each file in as a blob and writes
+/// the snapshot's OCI manifest and ref), then stores the index the record points at, in the
+/// form `ctr container restore` reads: a pointer to the stored snapshot as its checkpoint
+/// (a few hundred bytes), the spec, the base image and the snapshot's OCI manifest, each kept
+/// from containerd's garbage collector by the index's labels. Returns the index and the
+/// checkpoint's size.
+fn checkpoint_into_store(
     client: &Client,
     id: &str,
+    record: &str,
     created: &str,
-    image: &str,
-    base: &Descriptor,
     exit: bool,
 ) -> Result<(Descriptor, u64)> {
+    let store = client.store()?;
+    let token = Store::token(client.namespace(), record);
     let container = client.container(id)?;
+    // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
     client.mark_spec(&container, CHECKPOINT_ANNOTATION, created)?;
-    let descriptors = client.checkpoint(id, exit)?;
-    let size = descriptors.iter().map(|d| d.size.max(0) as u64).sum();
+    let checkpointed = client.checkpoint(id, exit, Some(&store.ingest_path(&token)));
+    // The ref is written last, once every blob is in: with it, the snapshot is whole, even if
+    // containerd failed at what it did after the shim (a suspended sandbox is then not lost).
+    let found = store.find_ref(&token);
+    match (checkpointed, &found) {
+        (Err(e), None) => return Err(e),
+        (Err(e), Some(_)) => eprintln!("chalkctl: {e} (after the snapshot was stored: kept)"),
+        (Ok(_), _) => {}
+    }
+    let Some(r) = found else {
+        return Err(format!(
+            "the shim of {id} did not store the snapshot in {}: give chalkctl the runtime \
+             options the shim uses (--config, or CHALK_SHIM_CONFIG), whose [snapshot] store \
+             names the store",
+            store.root().display()
+        )
+        .into());
+    };
+    let stored = store
+        .open_snapshot(&r.manifest)
+        .map_err(|e| Error::from(e.to_string()))?;
+    let base = stored
+        .layout
+        .subject
+        .as_ref()
+        .ok_or("the stored snapshot names no base image")?;
+    let snapshot = client.write_blob(
+        oci::MANIFEST,
+        stored.manifest_bytes.clone(),
+        HashMap::from([(BASE_REF.to_string(), base.digest.clone())]),
+    )?;
+    let pointer = client.write_blob(CHECKPOINT_TAR, pointer_tar(&r.manifest)?, HashMap::new())?;
+    let spec_type = stored
+        .oci
+        .annotations
+        .get(SPEC_TYPE_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    let spec = prost_types::Any {
+        type_url: spec_type,
+        value: stored.spec.clone(),
+    };
+    let spec = client.write_blob(
+        CHECKPOINT_SPEC,
+        prost::Message::encode_to_vec(&spec),
+        HashMap::new(),
+    )?;
+    let image = stored.manifest.image.as_ref().map_or(String::new(), |i| {
+        ImageRef::pinned(&i.name).map_or(i.name.clone(), |(n, _)| n.to_string())
+    });
     let platform = json!({"os": "linux", "architecture": oci_arch()});
-    let mut manifests: Vec<Value> = descriptors
-        .iter()
-        .map(|d| {
-            json!({"mediaType": d.media_type, "digest": d.digest, "size": d.size,
-                   "platform": platform})
-        })
-        .collect();
-    manifests.push(json!({"mediaType": base.media_type, "digest": base.digest,
-                          "size": base.size}));
+    let manifests = vec![
+        json!({"mediaType": pointer.media_type, "digest": pointer.digest, "size": pointer.size,
+               "platform": platform}),
+        json!({"mediaType": spec.media_type, "digest": spec.digest, "size": spec.size,
+               "platform": platform}),
+        json!({"mediaType": base.media_type, "digest": base.digest, "size": base.size}),
+        json!({"mediaType": snapshot.media_type, "digest": snapshot.digest,
+               "size": snapshot.size, "artifactType": oci::ARTIFACT}),
+    ];
     let index = json!({
         "schemaVersion": 2,
         "mediaType": INDEX,
@@ -244,15 +293,56 @@ fn checkpoint_index(
             "io.containerd.checkpoint.snapshotter": container.snapshotter,
         },
     });
-    let mut labels = HashMap::new();
-    for (i, m) in manifests.iter().enumerate() {
-        if let Some(d) = m["digest"].as_str() {
-            labels.insert(format!("containerd.io/gc.ref.content.{i}"), d.to_string());
-        }
-    }
+    let labels = manifests
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let d = m["digest"].as_str()?;
+            Some((format!("containerd.io/gc.ref.content.{i}"), d.to_string()))
+        })
+        .collect();
     let bytes = serde_json::to_vec(&index).map_err(|e| Error::from(e.to_string()))?;
-    Ok((client.write_blob(INDEX, bytes, labels)?, size))
+    Ok((
+        client.write_blob(INDEX, bytes, labels)?,
+        stored.manifest.total_size(),
+    ))
 }
+
+/// The one-file checkpoint tar that names stored snapshot `digest` (the same bytes for the
+/// same snapshot): what containerd unpacks for the shim, which then restores from the store.
+pub fn pointer_tar(digest: &str) -> Result<Vec<u8>> {
+    let body = Pointer {
+        snapshot: digest.to_string(),
+    }
+    .to_bytes();
+    let mut header = tar::Header::new_gnu();
+    header
+        .set_path(POINTER)
+        .map_err(|e| Error::from(e.to_string()))?;
+    header.set_size(body.len() as u64);
+    header.set_mode(0o600);
+    header.set_cksum();
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append(&header, &body[..])
+        .map_err(|e| Error::from(e.to_string()))?;
+    tar.into_inner().map_err(|e| Error::from(e.to_string()))
+}
+
+/// The stored snapshot (its OCI manifest digest) a record's index names, if it names one.
+pub fn stored_snapshot_of(client: &Client, index_digest: &str) -> Result<Option<String>> {
+    let index: Value = serde_json::from_slice(&client.read_blob(index_digest)?)
+        .map_err(|e| Error::from(format!("{index_digest}: {e}")))?;
+    Ok(index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["artifactType"] == oci::ARTIFACT)
+        .and_then(|m| m["digest"].as_str())
+        .map(String::from))
+}
+
+/// containerd's garbage collector keeps what a blob's `gc.ref.content` labels name.
+const BASE_REF: &str = "containerd.io/gc.ref.content.subject";
 
 /// This machine's architecture as OCI names it.
 pub fn oci_arch() -> &'static str {
@@ -305,9 +395,10 @@ pub fn list(
     registry::page(&all(client)?, filter, limit, cursor).map_err(|e| Error::from(e.to_string()))
 }
 
-/// `delete`: the record goes; its content goes with containerd's garbage collection once
-/// nothing else refers to it. Sources and forks are containers of their own: untouched.
-pub fn delete(client: &Client, snap: &Snapshot) -> Result<()> {
+/// `delete`: the record goes, then its ref in the snapshot store, then every blob no other
+/// snapshot needs (the disk is freed at once). Sources and forks are containers of their own:
+/// untouched.
+pub fn delete(client: &Client, snap: &Snapshot) -> Result<GcReport> {
     let needing: Vec<String> = client
         .containers()?
         .into_iter()
@@ -325,7 +416,35 @@ pub fn delete(client: &Client, snap: &Snapshot) -> Result<()> {
         )
         .into());
     }
-    client.delete_image(&snap.name)
+    client.delete_image(&snap.name)?;
+    let store = client.store()?;
+    store
+        .remove_ref(&Store::token(client.namespace(), &snap.name))
+        .map_err(|e| Error::from(e.to_string()))?;
+    collect(client, &store)
+}
+
+/// The store's garbage collection for this namespace: refs whose record is gone (removed with
+/// `ctr images rm`, say) are dropped first; what suspended sandboxes resume from is kept
+/// whatever happened to its record.
+pub fn collect(client: &Client, store: &Store) -> Result<GcReport> {
+    let records: std::collections::HashSet<String> = all(client)?
+        .into_iter()
+        .map(|s| Store::token(client.namespace(), &s.name))
+        .collect();
+    for r in store.refs().map_err(|e| Error::from(e.to_string()))? {
+        if r.namespace == client.namespace() && !records.contains(&r.token) {
+            store
+                .remove_ref(&r.token)
+                .map_err(|e| Error::from(e.to_string()))?;
+        }
+    }
+    let suspended: Vec<String> = client
+        .containers()?
+        .into_iter()
+        .filter_map(|c| c.labels.get(SUSPENDED_FROM).cloned())
+        .collect();
+    store.gc(&suspended).map_err(|e| Error::from(e.to_string()))
 }
 
 /// The label a suspended sandbox carries: the snapshot it resumes from.
@@ -336,21 +455,8 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
     if snap.status != Status::Completed {
         return Ok(Value::Null);
     }
-    let index: Value = serde_json::from_slice(&client.read_blob(&snap.digest)?)
-        .map_err(|e| Error::from(e.to_string()))?;
-    let tar_digest = index["manifests"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["mediaType"] == CHECKPOINT_TAR)
-        .and_then(|m| m["digest"].as_str())
-        .ok_or("the snapshot's index has no checkpoint")?;
-    // The checkpoint tar can be gigabytes: walk its headers and read the manifest alone.
-    let Some(text) = tar_entry(client, tar_digest, "chalk.manifest.json")? else {
-        return Err("the checkpoint holds no chalk.manifest.json".into());
-    };
-    let m: Manifest = serde_json::from_slice(&text)
-        .map_err(|e| Error::from(format!("the snapshot's manifest: {e}")))?;
+    let m = stored_manifest(client, &snap.digest)?
+        .ok_or("the checkpoint holds no chalk.manifest.json")?;
     Ok(json!({
         "kind": m.kind,
         "created": m.created,
@@ -367,6 +473,39 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
             p.containers.into_iter().map(|c| c.name).collect::<Vec<_>>()
         }),
     }))
+}
+
+/// The annotations of a stored snapshot's manifest that a fork is made from.
+pub const SNAPSHOTTER_ANNOTATION: &str = "io.chalk.snapshot.snapshotter";
+pub const SPEC_TYPE_ANNOTATION: &str = "io.chalk.snapshot.spec-type";
+
+/// The chalk manifest of snapshot `digest`: from the store, or from the checkpoint tar of a
+/// snapshot taken before snapshots were stored as blobs (None if that has none, which the
+/// shim refuses at restore).
+pub fn stored_manifest(client: &Client, digest: &str) -> Result<Option<Manifest>> {
+    if let Some(stored) = stored_snapshot_of(client, digest)? {
+        return client
+            .store()?
+            .open_snapshot(&stored)
+            .map(|s| Some(s.manifest))
+            .map_err(|e| Error::from(e.to_string()));
+    }
+    let index: Value = serde_json::from_slice(&client.read_blob(digest)?)
+        .map_err(|e| Error::from(e.to_string()))?;
+    let tar_digest = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mediaType"] == CHECKPOINT_TAR)
+        .and_then(|m| m["digest"].as_str())
+        .ok_or("the snapshot's index has no checkpoint")?;
+    // The checkpoint tar can be gigabytes: walk its headers and read the manifest alone.
+    let Some(text) = tar_entry(client, tar_digest, "chalk.manifest.json")? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&text)
+        .map(Some)
+        .map_err(|e| Error::from(format!("the snapshot's manifest: {e}")))
 }
 
 /// The content of entry `name` of the tar in blob `digest`, read header by header with

@@ -325,6 +325,8 @@ impl Containerd {
         cmd.arg("--address")
             .arg(self.socket())
             .args(["--namespace", &self.namespace])
+            .arg("--config")
+            .arg(self.options_path())
             .stdin(Stdio::null());
         Ok(cmd)
     }
@@ -552,7 +554,12 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
             PathBuf::from(runsc).display()
         ));
     }
-    format!("{head}{out}")
+    // Snapshots of this containerd in a store of its own: a store's gc answers to one
+    // containerd's records.
+    format!(
+        "{head}{out}\n[snapshot]\nstore = \"{}\"\n",
+        d.join("snapshots").display()
+    )
 }
 
 fn config(d: &Path, setup: &Setup) -> String {

@@ -201,7 +201,14 @@ impl Env {
     /// Writes a runtime options file: this containerd's own with `extra` after it.
     pub fn options_with(&self, name: &str, extra: &str) -> Result<PathBuf, Failed> {
         let base = std::fs::read_to_string(self.c.options_path()).map_err(|e| e.to_string())?;
-        Ok(self.options_file(name, &format!("{base}\n{extra}")))
+        // A table the base has already (its [snapshot] store) takes the extra keys.
+        let text = match extra.strip_prefix("[snapshot]\n") {
+            Some(keys) if base.contains("\n[snapshot]\n") => {
+                base.replacen("\n[snapshot]\n", &format!("\n[snapshot]\n{keys}"), 1)
+            }
+            _ => format!("{base}\n{extra}"),
+        };
+        Ok(self.options_file(name, &text))
     }
 
     /// `ctr run -d` of `cmd` as `id` with the runtime options file `options`.

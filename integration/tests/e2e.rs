@@ -40,6 +40,8 @@ mod gpu;
 
 #[path = "e2e/forktree.rs"]
 mod forktree;
+#[path = "e2e/store.rs"]
+mod store;
 
 #[path = "e2e/nerdctl.rs"]
 mod nerdctl;
@@ -84,6 +86,7 @@ fn main() {
         forktree::lifetime_survives_a_containerd_restart,
         forktree::fork_count_is_pooled_and_leaves_nothing_behind,
         forktree::defaults_work_without_an_options_file,
+        store::snapshots_are_blobs_restored_in_place,
         terminal::terminal_signals_size_and_settings_survive_a_restore,
         terminal::a_snapshot_does_not_cut_ctrs_terminal,
         chalkctl::chalkctl_snapshot_registry,

@@ -59,6 +59,9 @@ pub enum Error {
     #[error("snapshot {dir:?}: {message}")]
     Snapshot { dir: PathBuf, message: String },
 
+    #[error("snapshot store {root:?}: {message}")]
+    Store { root: PathBuf, message: String },
+
     #[error("cannot parse {what}: {message}")]
     Parse { what: String, message: String },
 }

@@ -15,6 +15,8 @@
 //! lock_timeout_secs = 10
 //! [snapshot]
 //! check_free_space = true          # refuse a checkpoint its filesystem has no room for
+//! store = "/var/lib/chalk/snapshots" # where chalkctl's snapshots are kept, as blobs
+//! lazy_restore = true              # let restores run before all memory is loaded, where runsc can
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back
@@ -78,6 +80,18 @@ pub struct SnapshotOptions {
     /// misreports its free space).
     #[serde(default = "yes")]
     pub check_free_space: bool,
+    /// The snapshot store (see `chalk_runtime::snapshot::store`): chalkctl's snapshots, one
+    /// blob per file. Its filesystem must hold the checkpoints.
+    #[serde(default = "default_store")]
+    pub store: PathBuf,
+    /// Restore with runsc's `--background` where it has it: the sandbox runs once its kernel
+    /// state is loaded, its memory loading behind it (off: every restore loads all first).
+    #[serde(default = "yes")]
+    pub lazy_restore: bool,
+}
+
+fn default_store() -> PathBuf {
+    PathBuf::from(crate::snapshot::store::DEFAULT_ROOT)
 }
 
 fn yes() -> bool {
@@ -88,6 +102,8 @@ impl Default for SnapshotOptions {
     fn default() -> Self {
         SnapshotOptions {
             check_free_space: true,
+            store: default_store(),
+            lazy_restore: true,
         }
     }
 }
@@ -157,6 +173,12 @@ impl RuntimeOptions {
             return Err(format!(
                 "root must be an absolute path, got {:?}",
                 self.root
+            ));
+        }
+        if !self.snapshot.store.is_absolute() {
+            return Err(format!(
+                "[snapshot] store must be an absolute path, got {:?}",
+                self.snapshot.store
             ));
         }
         if let Some(level) = &self.log_level {

@@ -20,7 +20,9 @@ use std::{
 use chalk_hooks::{GpuOptions, HookSpec};
 use chalk_runtime::{
     lifetime::Lifetime,
+    options::SnapshotOptions,
     runsc::{Features, SandboxRuntime},
+    snapshot::store::RestoreDir,
     spec::Placement,
     state::Status,
     terminal::TerminalState,
@@ -170,6 +172,11 @@ pub struct RestoreFrom {
     /// Set when `dir` is containerd's unpacked copy: removed once runsc has it (or with the
     /// container, if it never starts).
     pub unpacked: Mutex<Option<UnpackedCheckpoint>>,
+    /// Set when `dir` is links into the snapshot store: held (keeping gc off its blobs) until
+    /// runsc has loaded everything, then removed.
+    pub linked: Mutex<Option<RestoreDir>>,
+    /// Let the sandbox run before all of its memory is loaded (runsc's `--background`).
+    pub lazy: bool,
 }
 
 /// A container's GPU settings, when it is a GPU sandbox.
@@ -204,8 +211,8 @@ pub struct Container {
     pub hooks: Vec<HookSpec>,
     /// Set for a GPU sandbox: how its CUDA processes are handed to cuda-checkpoint.
     pub gpu: Option<Gpu>,
-    /// Whether a checkpoint first checks its directory has room (`[snapshot]` options).
-    pub check_free_space: bool,
+    /// The `[snapshot]` options: free-space check, the snapshot store, lazy restores.
+    pub snapshot: SnapshotOptions,
     /// Delivers the signals of its terminal's keys once it has been restored (see
     /// `terminal.rs`); made once.
     pub terminal_signals: OnceLock<TerminalSignals>,

@@ -3,7 +3,7 @@
 //! refuses an image whose name now points at another digest) and a label on its record (when
 //! its lifetime ends). Behind a trait, so the Task layer is tested without containerd.
 
-use chalk_runtime::snapshot::manifest::ImageRef;
+use chalk_runtime::snapshot::{manifest::ImageRef, oci::Descriptor};
 use chalkctl::client::Client;
 
 use crate::errors::{Result, ShimError};
@@ -13,6 +13,18 @@ pub trait Records: Send + Sync {
     fn image_of(&self, id: &str) -> Result<Option<ImageRef>>;
     /// Sets label `key` of container `id`, touching no other.
     fn set_label(&self, id: &str, key: &str, value: &str) -> Result<()>;
+    /// What a stored snapshot of container `id` keeps of containerd's records: the
+    /// container's spec as containerd holds it, and its base image's manifest.
+    fn snapshot_facts(&self, id: &str) -> Result<SnapshotFacts>;
+}
+
+pub struct SnapshotFacts {
+    pub spec: Vec<u8>,
+    /// The type of containerd's spec (its protobuf Any's type URL).
+    pub spec_type: String,
+    pub base: Option<Descriptor>,
+    /// The snapshotter of the container's root filesystem (a fork's is made by the same).
+    pub snapshotter: String,
 }
 
 /// The containerd that started the shim.
@@ -45,5 +57,31 @@ impl Records for Containerd {
         self.client()?
             .set_container_label(id, key, Some(value))
             .map_err(asked)
+    }
+
+    fn snapshot_facts(&self, id: &str) -> Result<SnapshotFacts> {
+        let client = self.client()?;
+        let container = client.container(id).map_err(asked)?;
+        let (spec_type, spec) = container
+            .spec
+            .map(|s| (s.type_url, s.value))
+            .unwrap_or_default();
+        let base = if container.image.is_empty() {
+            None
+        } else {
+            let (_, d) =
+                chalkctl::snapshots::base_image(&client, &container.image).map_err(asked)?;
+            Some(Descriptor::new(
+                &d.media_type,
+                &d.digest,
+                d.size.max(0) as u64,
+            ))
+        };
+        Ok(SnapshotFacts {
+            spec,
+            spec_type,
+            base,
+            snapshotter: container.snapshotter,
+        })
     }
 }

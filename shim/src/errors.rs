@@ -54,7 +54,9 @@ impl ShimError {
                 R::InvalidId { .. } | R::Options { .. } | R::ExecutableNotFound { .. } => {
                     Code::INVALID_ARGUMENT
                 }
-                R::InvalidState { .. } | R::Snapshot { .. } => Code::FAILED_PRECONDITION,
+                R::InvalidState { .. } | R::Snapshot { .. } | R::Store { .. } => {
+                    Code::FAILED_PRECONDITION
+                }
                 R::RunscMissing { .. } | R::RunscBroken { .. } => Code::FAILED_PRECONDITION,
                 R::Runsc { .. } | R::Io { .. } | R::Parse { .. } => Code::INTERNAL,
             },

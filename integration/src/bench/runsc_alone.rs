@@ -45,7 +45,11 @@ impl RunscAlone {
         let binary = chalk_runtime::runsc::features::resolve_binary(&named).unwrap_or(named);
         let features =
             Features::from_outputs(&both(&binary, &["--version"]), &both(&binary, &["flags"]))
-                .with_checkpoint_help(&both(&binary, &["help", "checkpoint"]));
+                .with_checkpoint_help(&both(&binary, &["help", "checkpoint"]))
+                .with_restore_help(
+                    &both(&binary, &["help", "restore"]),
+                    &both(&binary, &["help", "wait"]),
+                );
         let mut flags = vec!["--platform=ptrace".to_string(), "--network=none".into()];
         flags.extend(features.memory_overlay_flag().map(String::from));
         let rootfs = dir.join("rootfs");
@@ -170,16 +174,54 @@ impl RunscAlone {
         Ok(())
     }
 
+    /// `runsc checkpoint` with `args`, uncompressed where this runsc has the choice (as the
+    /// shim takes them).
+    fn checkpoint(&self, args: &[&str]) -> Result<(), String> {
+        let flags = self.features.uncompressed_checkpoint_flags();
+        let mut all = vec!["checkpoint"];
+        all.extend(flags.iter().map(String::as_str));
+        all.extend_from_slice(args);
+        self.ok(&all)
+    }
+
+    /// `restore --detach --background` then `wait --restore`, where this runsc has them: the
+    /// time to running and the time to fully loaded.
+    pub fn restore_lazy(
+        &self,
+        bundle: &Path,
+        image: &Path,
+        id: &str,
+    ) -> Result<Option<(Duration, Duration)>, String> {
+        if !self.features.lazy_restore() {
+            return Ok(None);
+        }
+        let (b, img) = (bundle.to_string_lossy(), image.to_string_lossy());
+        let started = Instant::now();
+        self.ok(&[
+            "restore",
+            "--detach",
+            "--background",
+            "--image-path",
+            &img,
+            "--bundle",
+            &b,
+            id,
+        ])?;
+        let running = started.elapsed();
+        self.ok(&["wait", "--restore", id])?;
+        Ok(Some((running, started.elapsed())))
+    }
+
     /// A checkpoint into `image` that leaves `id` running: in place where this runsc can,
     /// else checkpoint, delete and restore under the same id (what the shim does there).
     pub fn snapshot(&self, bundle: &Path, id: &str, image: &Path) -> Result<Duration, String> {
         let img = image.to_string_lossy();
         Ok(timed(|| match self.features.leave_running() {
             LeaveRunning::InPlace => {
-                self.ok(&["checkpoint", "--leave-running", "--image-path", &img, id])
+                self.checkpoint(&["--leave-running", "--image-path", &img, id])
             }
             LeaveRunning::RestoreAfter => {
-                self.ok(&["checkpoint", "--image-path", &img, id])?;
+                self.checkpoint(&["--image-path", &img, id])?;
                 self.ok(&["delete", id])?;
                 self.restore_untimed(bundle, image, id)
             }
@@ -191,7 +233,7 @@ impl RunscAlone {
     pub fn suspend(&self, id: &str, image: &Path) -> Result<Duration, String> {
         let img = image.to_string_lossy();
         Ok(timed(|| {
-            self.ok(&["checkpoint", "--image-path", &img, id])?;
+            self.checkpoint(&["--image-path", &img, id])?;
             // Current runsc may still read the container as running while its sandbox exits.
             self.ok(&["delete", "--force", id])
         })?

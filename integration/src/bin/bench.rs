@@ -78,7 +78,7 @@ fn parse_opts() -> Result<Opts, String> {
             reps: 10,
             snap_reps: 5,
             mem_reps: 3,
-            sizes: vec![64, 256, 1024],
+            sizes: vec![64, 256, 1024, 4096],
             many: 20,
             hash_bytes: 1 << 30,
         }
@@ -120,6 +120,7 @@ fn run(o: &Opts) -> Result<(), String> {
     groups.push(snapshots(o, &chalk, &alone)?);
     let (memory, points) = memory_scaling(o, &chalk, &alone)?;
     groups.push(memory);
+    groups.push(many_forks(o, &chalk, &alone)?);
     groups.push(shim_memory(o, &chalk, &runc)?);
     let hashing = hashing(o, c.dir())?;
 
@@ -228,60 +229,97 @@ fn lifecycle(o: &Opts, chalk: &ViaCtr, runc: &ViaCtr, alone: &RunscAlone) -> Res
     })
 }
 
+/// What one source sandbox's cycles measured, each a sample per run (ms, size in MB).
+#[derive(Default)]
+struct Cycle {
+    snapshot: Vec<f64>,
+    /// How long the source was paused: runsc's checkpoint (the shim's figure for chalk).
+    paused: Vec<f64>,
+    /// The shim's hashing and storing of a snapshot, after the source runs on.
+    hashing: Vec<f64>,
+    storing: Vec<f64>,
+    fork: Vec<f64>,
+    fork_loaded: Vec<f64>,
+    /// runsc alone's `restore --background`: running, and fully loaded.
+    fork_lazy: Vec<f64>,
+    fork_lazy_loaded: Vec<f64>,
+    fork4: Vec<f64>,
+    suspend: Vec<f64>,
+    resume: Vec<f64>,
+    resume_loaded: Vec<f64>,
+    size: Vec<f64>,
+}
+
 /// Snapshot, fork (1 and 4), suspend, resume and checkpoint size of the counter sandbox.
 fn snapshots(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, String> {
     say("snapshot, fork, suspend, resume");
-    let mut rows = [
-        Row::new("snapshot, source keeps running", Unit::Millis),
-        Row::new("fork, 1", Unit::Millis),
-        Row::new("fork, 4 at once", Unit::Millis),
-        Row::new("suspend", Unit::Millis),
-        Row::new("resume", Unit::Millis),
-        Row::new("checkpoint size", Unit::Megabytes),
-    ];
-    let t = chalk_cycle(o.snap_reps, chalk, "snap", COUNTER, true)?;
-    for (row, v) in rows.iter_mut().zip(t) {
-        row.samples[CHALK] = v;
-    }
-    let t = alone_cycle(o.snap_reps, alone, "snap", COUNTER, true)?;
-    for (row, v) in rows.iter_mut().zip(t) {
-        row.samples[RUNSC] = v;
-    }
+    let ours = chalk_cycle(o.snap_reps, chalk, "snap", COUNTER, true)?;
+    let theirs = alone_cycle(o.snap_reps, alone, "snap", COUNTER, true)?;
+    let rows = [
+        (
+            "snapshot, source keeps running",
+            Unit::Millis,
+            &ours.snapshot,
+            &theirs.snapshot,
+        ),
+        ("fork, 1", Unit::Millis, &ours.fork, &theirs.fork),
+        ("fork, 4 at once", Unit::Millis, &ours.fork4, &theirs.fork4),
+        ("suspend", Unit::Millis, &ours.suspend, &theirs.suspend),
+        ("resume", Unit::Millis, &ours.resume, &theirs.resume),
+        ("checkpoint size", Unit::Megabytes, &ours.size, &theirs.size),
+    ]
+    .into_iter()
+    .map(|(name, unit, a, b)| row(name, unit, a, b))
+    .collect();
     Ok(Group {
         title: "Snapshot, fork, suspend and resume".into(),
         about: format!(
             "{} runs each on a running counter sandbox. chalk: `chalkctl snapshot create`, \
-             `fork [--count 4]`, `suspend`, `resume` (through containerd's content store). \
-             runsc alone: `checkpoint` into a directory, `restore --detach` (4 at once from \
-             one image), `checkpoint` + `delete`, `restore`.",
+             `fork [--count 4]`, `suspend`, `resume` (snapshots in the shim's store, one blob \
+             per runsc file; restores read them in place). runsc alone: `checkpoint` into a \
+             directory, `restore --detach` (4 at once from one image), `checkpoint` + \
+             `delete`, `restore`.",
             o.snap_reps
         ),
-        rows: rows.into(),
+        rows,
     })
 }
 
+fn row(name: &str, unit: Unit, chalk: &[f64], runsc: &[f64]) -> Row {
+    let mut r = Row::new(name, unit);
+    r.samples[CHALK] = chalk.to_vec();
+    r.samples[RUNSC] = runsc.to_vec();
+    r
+}
+
 /// One source sandbox through chalkctl: per run a snapshot, a fork (and with `four`, four
-/// forks at once), then suspend and resume of the source. Samples in row order: snapshot,
-/// fork 1, fork 4, suspend, resume (ms), size (MB).
+/// forks at once), then suspend and resume of the source; with the shim's own timings.
 fn chalk_cycle(
     reps: usize,
     chalk: &ViaCtr,
     name: &str,
     script: &str,
     four: bool,
-) -> Result<Vec<Vec<f64>>, String> {
+) -> Result<Cycle, String> {
     let src = format!("{name}-src");
     chalk.remove(&src);
     chalk.run_detached(&src, script)?;
     let result = (|| {
-        chalk.wait_file(&src, "/tmp/count", Duration::from_secs(600))?;
-        let mut v = vec![Vec::new(); 6];
+        chalk.wait_file(&src, "/tmp/count", Duration::from_secs(900))?;
+        let mut v = Cycle::default();
         for i in 0..reps {
             let (t, digest, size) = chalk.snapshot(&src)?;
-            v[0].push(ms(t));
-            v[5].push(size as f64 / 1e6);
+            v.snapshot.push(ms(t));
+            v.size.push(size as f64 / 1e6);
+            if let Some(t) = chalk.timing("snapshot", &src, i) {
+                v.paused.push(t["runsc_ms"]);
+                v.hashing.push(t["hash_ms"]);
+                v.storing.push(t["store_ms"]);
+            }
             let id = format!("{name}-f{i}");
-            v[1].push(ms(chalk.fork(&digest, &id, 1)?));
+            let t = ms(chalk.fork(&digest, &id, 1)?);
+            v.fork.push(t);
+            v.fork_loaded.push(t + chalk.loading_after_running(&id, 0));
             chalk.remove(&id);
             if four {
                 let id = format!("{name}-g{i}");
@@ -289,12 +327,15 @@ fn chalk_cycle(
                 for k in 1..=4 {
                     chalk.remove(&format!("{id}-{k}"));
                 }
-                v[2].push(ms(t?));
+                v.fork4.push(ms(t?));
             }
             chalk.delete_snapshot(&digest);
             let (t, digest) = chalk.suspend(&src)?;
-            v[3].push(ms(t));
-            v[4].push(ms(chalk.resume(&src)?));
+            v.suspend.push(ms(t));
+            let t = ms(chalk.resume(&src)?);
+            v.resume.push(t);
+            v.resume_loaded
+                .push(t + chalk.loading_after_running(&src, i));
             chalk.delete_snapshot(&digest);
         }
         Ok(v)
@@ -310,35 +351,46 @@ fn alone_cycle(
     name: &str,
     script: &str,
     four: bool,
-) -> Result<Vec<Vec<f64>>, String> {
+) -> Result<Cycle, String> {
     let bundle = alone.bundle(name, &["sh", "-c", script])?;
     let src = format!("{name}-src");
     let images = bundle.with_file_name(format!("{name}-images"));
     alone.remove(&src);
     alone.create_start(&bundle, &src)?;
     let result = (|| {
-        alone.wait_file(&src, "/tmp/count", Duration::from_secs(600))?;
-        let mut v = vec![Vec::new(); 6];
+        alone.wait_file(&src, "/tmp/count", Duration::from_secs(900))?;
+        let mut v = Cycle::default();
         for i in 0..reps {
             let _ = std::fs::remove_dir_all(&images);
             let image = images.join(format!("snap-{i}"));
-            v[0].push(ms(alone.snapshot(&bundle, &src, &image)?));
-            v[5].push(size_of(&image) as f64 / 1e6);
+            let t = ms(alone.snapshot(&bundle, &src, &image)?);
+            v.snapshot.push(t);
+            v.paused.push(t);
+            v.size.push(size_of(&image) as f64 / 1e6);
             let id = format!("{name}-f{i}");
             let t = alone.restore(&bundle, &image, &id);
             alone.remove(&id);
-            v[1].push(ms(t?));
+            v.fork.push(ms(t?));
+            v.fork_loaded.push(*v.fork.last().unwrap_or(&0.0));
+            let id = format!("{name}-l{i}");
+            let t = alone.restore_lazy(&bundle, &image, &id);
+            alone.remove(&id);
+            if let Some((running, loaded)) = t? {
+                v.fork_lazy.push(ms(running));
+                v.fork_lazy_loaded.push(ms(loaded));
+            }
             if four {
                 let ids: Vec<String> = (1..=4).map(|k| format!("{name}-g{i}-{k}")).collect();
                 let t = alone.restore_many(&bundle, &image, &ids);
                 for id in &ids {
                     alone.remove(id);
                 }
-                v[2].push(ms(t?));
+                v.fork4.push(ms(t?));
             }
             let image = images.join(format!("susp-{i}"));
-            v[3].push(ms(alone.suspend(&src, &image)?));
-            v[4].push(ms(alone.restore(&bundle, &image, &src)?));
+            v.suspend.push(ms(alone.suspend(&src, &image)?));
+            v.resume.push(ms(alone.restore(&bundle, &image, &src)?));
+            v.resume_loaded.push(*v.resume.last().unwrap_or(&0.0));
         }
         Ok(v)
     })();
@@ -359,45 +411,203 @@ fn memory_scaling(
         say(&format!("memory: {mb} MB"));
         let script = filled_counter(mb);
         let name = format!("mem{mb}");
-        let ours = chalk_cycle(o.mem_reps, chalk, &name, &script, false)?;
-        let theirs = alone_cycle(o.mem_reps, alone, &name, &script, false)?;
+        // The biggest sandbox has fewer runs: each writes and checkpoints gigabytes.
+        let reps = if mb >= 4096 {
+            o.mem_reps.min(2)
+        } else {
+            o.mem_reps
+        };
+        let ours = chalk_cycle(reps, chalk, &name, &script, false)?;
+        let theirs = alone_cycle(reps, alone, &name, &script, false)?;
         let median = |v: &Vec<f64>| summarize(v).map(|s| s.median / 1e3);
         points.push((
             mb,
             [
-                median(&ours[0]),
-                median(&ours[1]),
-                median(&ours[4]),
-                median(&theirs[0]),
-                median(&theirs[1]),
-                median(&theirs[4]),
+                median(&ours.snapshot),
+                median(&ours.fork),
+                median(&ours.resume),
+                median(&theirs.snapshot),
+                median(&theirs.fork),
+                median(&theirs.resume),
             ],
         ));
-        for (k, what, unit) in [
-            (0, "snapshot", Unit::Millis),
-            (1, "fork", Unit::Millis),
-            (3, "suspend", Unit::Millis),
-            (4, "resume", Unit::Millis),
-            (5, "checkpoint size", Unit::Megabytes),
-        ] {
-            let mut row = Row::new(&format!("{what}, {mb} MB written"), unit);
-            row.samples[CHALK] = ours[k].clone();
-            row.samples[RUNSC] = theirs[k].clone();
-            rows.push(row);
+        let none = Vec::new();
+        let mut add = |what: &str, unit: Unit, a: &Vec<f64>, b: &Vec<f64>| {
+            rows.push(row(&format!("{what}, {mb} MB written"), unit, a, b));
+        };
+        add("snapshot", Unit::Millis, &ours.snapshot, &theirs.snapshot);
+        add(
+            "snapshot: source paused",
+            Unit::Millis,
+            &ours.paused,
+            &theirs.paused,
+        );
+        add(
+            "snapshot: hashing (shim)",
+            Unit::Millis,
+            &ours.hashing,
+            &none,
+        );
+        add(
+            "snapshot: storing (shim)",
+            Unit::Millis,
+            &ours.storing,
+            &none,
+        );
+        add(
+            "fork: time to running",
+            Unit::Millis,
+            &ours.fork,
+            &theirs.fork,
+        );
+        add(
+            "fork: fully loaded",
+            Unit::Millis,
+            &ours.fork_loaded,
+            &theirs.fork_loaded,
+        );
+        if !theirs.fork_lazy.is_empty() {
+            add(
+                "fork: running, vs runsc `--background`",
+                Unit::Millis,
+                &ours.fork,
+                &theirs.fork_lazy,
+            );
+            add(
+                "fork: fully loaded, vs runsc `--background`",
+                Unit::Millis,
+                &ours.fork_loaded,
+                &theirs.fork_lazy_loaded,
+            );
         }
+        add("suspend", Unit::Millis, &ours.suspend, &theirs.suspend);
+        add(
+            "resume: time to running",
+            Unit::Millis,
+            &ours.resume,
+            &theirs.resume,
+        );
+        add(
+            "resume: fully loaded",
+            Unit::Millis,
+            &ours.resume_loaded,
+            &theirs.resume_loaded,
+        );
+        add("checkpoint size", Unit::Megabytes, &ours.size, &theirs.size);
     }
     Ok((
         Group {
             title: "Cost against sandbox memory".into(),
             about: format!(
                 "The counter sandbox after `dd if=/dev/urandom` of N MB into its /tmp (memory: \
-                 the root overlay is in sandbox memory); {} runs each. Same operations as above.",
+                 the root overlay is in sandbox memory); {} runs each (2 at 4096 MB). Same \
+                 operations as above. \"time to running\": until `chalkctl` (or `runsc \
+                 restore`) returns with the sandbox running; \"fully loaded\": until all of its \
+                 memory is in (the shim's `runsc wait --restore`; an eager restore is loaded \
+                 when it runs). \"source paused\": runsc's checkpoint, during which the source's \
+                 kernel is stopped (the shim's own figure); hashing and storing happen after it \
+                 runs on. runsc alone checkpoints uncompressed, as the shim does.",
                 o.mem_reps
             ),
             rows,
         },
         points,
     ))
+}
+
+/// Host memory and disk that `n` forks of one snapshot of a sandbox holding `mb` MB take.
+fn many_forks(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, String> {
+    let (n, mb) = if o.quick { (2, 16) } else { (8, 1024) };
+    say(&format!("{n} forks of a {mb} MB snapshot"));
+    let script = filled_counter(mb);
+    let mut rows = [
+        Row::new(
+            &format!("host memory, {n} forks of a {mb} MB sandbox"),
+            Unit::Megabytes,
+        ),
+        Row::new(
+            &format!("disk, its snapshot with {n} forks running"),
+            Unit::Megabytes,
+        ),
+        Row::new(&format!("{n} forks at once, fully loaded"), Unit::Millis),
+    ];
+    // chalk: one snapshot, n forks; memory is what the host's MemAvailable lost.
+    let src = format!("many{mb}-src");
+    chalk.remove(&src);
+    chalk.run_detached(&src, &script)?;
+    let ours = (|| {
+        chalk.wait_file(&src, "/tmp/ready", Duration::from_secs(900))?;
+        let (_, digest, _) = chalk.snapshot(&src)?;
+        let store = chalk.c.dir().join("snapshots/blobs");
+        let content = chalk.c.dir().join("root/io.containerd.content.v1.content");
+        let before = mem_available();
+        let t = chalk.fork(&digest, "many", n);
+        let ids: Vec<String> = (1..=n).map(|k| format!("many-{k}")).collect();
+        let loaded = ids
+            .iter()
+            .map(|id| chalk.loading_after_running(id, 0))
+            .fold(0.0, f64::max);
+        std::thread::sleep(Duration::from_secs(2));
+        let used = before.saturating_sub(mem_available());
+        let disk = size_of(&store) + size_of(&content);
+        for id in &ids {
+            chalk.remove(id);
+        }
+        chalk.delete_snapshot(&digest);
+        Ok::<_, String>((used, disk, ms(t?) + loaded))
+    })();
+    chalk.remove(&src);
+    let (used, disk, t) = ours?;
+    rows[0].samples[CHALK] = vec![used as f64 / 1e6];
+    rows[1].samples[CHALK] = vec![disk as f64 / 1e6];
+    rows[2].samples[CHALK] = vec![t];
+    // runsc alone: one image directory, n restores.
+    let bundle = alone.bundle("many", &["sh", "-c", &script])?;
+    let image = bundle.with_file_name("many-image");
+    alone.remove(&src);
+    alone.create_start(&bundle, &src)?;
+    let theirs = (|| {
+        alone.wait_file(&src, "/tmp/ready", Duration::from_secs(900))?;
+        let _ = std::fs::remove_dir_all(&image);
+        alone.snapshot(&bundle, &src, &image)?;
+        alone.remove(&src);
+        let ids: Vec<String> = (1..=n).map(|k| format!("many-{k}")).collect();
+        let before = mem_available();
+        let t = alone.restore_many(&bundle, &image, &ids);
+        std::thread::sleep(Duration::from_secs(2));
+        let used = before.saturating_sub(mem_available());
+        let disk = size_of(&image);
+        for id in &ids {
+            alone.remove(id);
+        }
+        Ok::<_, String>((used, disk, ms(t?)))
+    })();
+    alone.remove(&src);
+    let _ = std::fs::remove_dir_all(&image);
+    let (used, disk, t) = theirs?;
+    rows[0].samples[RUNSC] = vec![used as f64 / 1e6];
+    rows[1].samples[RUNSC] = vec![disk as f64 / 1e6];
+    rows[2].samples[RUNSC] = vec![t];
+    Ok(Group {
+        title: format!("{n} forks of one {mb} MB snapshot"),
+        about: "Host memory: how much the host's MemAvailable fell once the forks run (each \
+                fork is a full copy of the sandbox's memory in runsc; what they share is the \
+                page cache of the snapshot's files). Disk: the snapshot store and containerd's \
+                content store (chalk), the image directory (runsc alone), with the forks \
+                running. One run."
+            .into(),
+        rows: rows.into(),
+    })
+}
+
+/// The host's MemAvailable, in bytes.
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Resident memory of the shim: with one sandbox, and per sandbox with many running.
@@ -506,7 +716,7 @@ fn hashing(o: &Opts, dir: &Path) -> Result<Plain, String> {
         title: "Hashing throughput".into(),
         about: format!(
             "A {} MiB file of pseudo-random bytes in the page cache; the chalk hasher is what \
-             seals and verifies snapshot manifests (64 MiB chunks hashed in parallel).",
+             seals snapshot files (each file's plain sha256, files in parallel).",
             o.hash_bytes >> 20
         ),
         rows,

@@ -290,6 +290,13 @@ fn blob_file(e: &Env, digest: &str) -> PathBuf {
         .join(digest.trim_start_matches("sha256:"))
 }
 
+/// The snapshot store file of blob `digest`.
+fn store_blob(e: &Env, digest: &str) -> PathBuf {
+    e.c.dir()
+        .join("snapshots/blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"))
+}
+
 /// The pid of the background `chalkctl snapshot finish` for record `name`.
 fn finisher(name: &str) -> Option<i32> {
     chalk_integration::procs::processes()
@@ -379,57 +386,54 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
         };
         let digest = snap["id"].as_str().unwrap_or_default().to_string();
 
-        // Stored content changed in place: the index no longer matches the snapshot's id.
-        let index_file = blob_file(e, &digest);
-        let index = std::fs::read(&index_file).map_err(|e| e.to_string())?;
-        let mut bent = index.clone();
-        let last = bent.len() - 2;
-        bent[last] = b' ';
-        std::fs::write(&index_file, &bent).map_err(|e| e.to_string())?;
-        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--fork-id", ids[2]]);
-        std::fs::write(&index_file, &index).map_err(|e| e.to_string())?;
-        ensure!(
-            out.code != 0
-                && out.stderr.contains("does not verify")
-                && e.task_status(ids[2]).is_none(),
-            "fork of a snapshot whose index changed: {out:?}"
-        );
-
-        // A flipped byte in the checkpoint's memory image: the shim's manifest check.
-        let parsed: serde_json::Value =
-            serde_json::from_slice(&index).map_err(|e| e.to_string())?;
-        let tar_digest = parsed["manifests"]
+        // Stored content changed in place: the snapshot's OCI manifest (which the record's
+        // index names) no longer matches its digest.
+        let index: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(blob_file(e, &digest)).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
+        let stored = index["manifests"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|m| {
-                m["mediaType"]
-                    .as_str()
-                    .is_some_and(|t| t.ends_with("criu.tar"))
-            })
+            .find(|m| m["artifactType"] == "application/vnd.chalk.snapshot.v1")
             .and_then(|m| m["digest"].as_str())
-            .ok_or("no checkpoint in the index")?
+            .ok_or("the record's index names no stored snapshot")?
             .to_string();
-        let tar_file = blob_file(e, &tar_digest);
-        let tar = std::fs::read(&tar_file).map_err(|e| e.to_string())?;
-        let mut archive = tar::Archive::new(&tar[..]);
-        let mut at = None;
-        for entry in archive.entries().map_err(|e| e.to_string())? {
-            let entry = entry.map_err(|e| e.to_string())?;
-            if entry
-                .path()
-                .map_err(|e| e.to_string())?
-                .ends_with("checkpoint.img")
-            {
-                at = Some(entry.raw_file_position() as usize + entry.size() as usize / 2);
-            }
-        }
-        let at = at.ok_or("no checkpoint.img in the checkpoint")?;
-        let mut bent = tar.clone();
-        bent[at] ^= 1;
-        std::fs::write(&tar_file, &bent).map_err(|e| e.to_string())?;
+        let manifest_file = store_blob(e, &stored);
+        let manifest = std::fs::read(&manifest_file).map_err(|e| e.to_string())?;
+        let mut bent = manifest.clone();
+        let last = bent.len() - 2;
+        bent[last] = b' ';
+        std::fs::write(&manifest_file, &bent).map_err(|e| e.to_string())?;
+        let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--fork-id", ids[2]]);
+        std::fs::write(&manifest_file, &manifest).map_err(|e| e.to_string())?;
+        ensure!(
+            out.code != 0
+                && out.stderr.contains("changed or damaged")
+                && e.task_status(ids[2]).is_none(),
+            "fork of a snapshot whose manifest changed: {out:?}"
+        );
+
+        // A flipped byte in the checkpoint's memory image, in place in the store: the blob's
+        // identity changed, so the shim hashes it again and refuses it.
+        let parsed: serde_json::Value =
+            serde_json::from_slice(&manifest).map_err(|e| e.to_string())?;
+        let layer = parsed["layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["annotations"]["org.opencontainers.image.title"] == "checkpoint.img")
+            .and_then(|l| l["digest"].as_str())
+            .ok_or("no checkpoint.img layer in the snapshot's manifest")?
+            .to_string();
+        let blob = store_blob(e, &layer);
+        let bytes = std::fs::read(&blob).map_err(|e| e.to_string())?;
+        let mut bent = bytes.clone();
+        bent[bytes.len() / 2] ^= 1;
+        std::fs::write(&blob, &bent).map_err(|e| e.to_string())?;
         let out = e.chalkctl(&["fork", "--snapshot-id", &digest, "--fork-id", ids[3]]);
-        std::fs::write(&tar_file, &tar).map_err(|e| e.to_string())?;
+        std::fs::write(&blob, &bytes).map_err(|e| e.to_string())?;
         ensure!(
             out.code != 0
                 && format!("{}{}", out.stdout, out.stderr).contains("changed or damaged")

@@ -123,6 +123,12 @@ pub enum Op<'a> {
         image_path: &'a Path,
         pid_file: &'a Path,
         console_socket: Option<&'a Path>,
+        /// `--background`: running once kernel state is loaded, memory loading behind it.
+        background: bool,
+    },
+    /// Blocks until a background restore has loaded everything.
+    WaitRestore {
+        id: &'a str,
     },
 }
 
@@ -144,6 +150,7 @@ impl Op<'_> {
             Op::Update { .. } => "update",
             Op::Checkpoint { .. } => "checkpoint",
             Op::Restore { .. } => "restore",
+            Op::WaitRestore { .. } => "wait",
         }
     }
 
@@ -162,7 +169,8 @@ impl Op<'_> {
             | Op::Stats { id }
             | Op::Update { id, .. }
             | Op::Checkpoint { id, .. }
-            | Op::Restore { id, .. } => id,
+            | Op::Restore { id, .. }
+            | Op::WaitRestore { id } => id,
         }
     }
 }
@@ -239,14 +247,19 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
             image_path,
             pid_file,
             console_socket,
+            background,
             ..
         } => {
             a.extend(["--bundle".into(), bundle.into()]);
             a.extend(["--image-path".into(), image_path.into()]);
             a.extend(["--pid-file".into(), pid_file.into()]);
             a.push("--detach".into());
+            if *background {
+                a.push("--background".into());
+            }
             console(&mut a, console_socket);
         }
+        Op::WaitRestore { .. } => a.push("--restore".into()),
         Op::Ps { table: false, .. } => a.push("--format=json".into()),
         Op::Ps { table: true, .. } => {}
         Op::Stats { .. } => a.push("--stats".into()),
@@ -316,12 +329,31 @@ mod tests {
                 bundle: Path::new("/b"),
                 image_path: Path::new("/ck"),
                 pid_file: Path::new("/b/init.pid"),
-                console_socket: Some(Path::new("/s"))
+                console_socket: Some(Path::new("/s")),
+                background: false,
             }),
             format!(
                 "{G} restore --bundle /b --image-path /ck --pid-file /b/init.pid --detach \
                  --console-socket /s c2"
             )
+        );
+        assert_eq!(
+            render(Op::Restore {
+                id: "c2",
+                bundle: Path::new("/b"),
+                image_path: Path::new("/ck"),
+                pid_file: Path::new("/b/init.pid"),
+                console_socket: None,
+                background: true,
+            }),
+            format!(
+                "{G} restore --bundle /b --image-path /ck --pid-file /b/init.pid --detach \
+                 --background c2"
+            )
+        );
+        assert_eq!(
+            render(Op::WaitRestore { id: "c2" }),
+            format!("{G} wait --restore c2")
         );
     }
 

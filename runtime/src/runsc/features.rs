@@ -25,6 +25,12 @@ pub struct Features {
     /// Flags of `runsc kill`, from `runsc help kill`.
     #[serde(default)]
     pub kill_flags: BTreeSet<String>,
+    /// Flags of `runsc restore`, from `runsc help restore`.
+    #[serde(default)]
+    pub restore_flags: BTreeSet<String>,
+    /// Flags of `runsc wait`, from `runsc help wait`.
+    #[serde(default)]
+    pub wait_flags: BTreeSet<String>,
     /// Which network runsc's defaults can have on this host, once probed (see [`super::probe`]).
     #[serde(default)]
     pub network_probe: Option<super::probe::NetworkProbe>,
@@ -49,6 +55,8 @@ impl Features {
             commands: BTreeSet::new(),
             checkpoint_flags: BTreeSet::new(),
             kill_flags: BTreeSet::new(),
+            restore_flags: BTreeSet::new(),
+            wait_flags: BTreeSet::new(),
             network_probe: None,
         }
     }
@@ -73,6 +81,30 @@ impl Features {
     pub fn with_kill_help(mut self, output: &str) -> Self {
         self.kill_flags = parse_flag_names(output);
         self
+    }
+
+    /// Adds the flags listed by `runsc help restore` and `runsc help wait`.
+    pub fn with_restore_help(mut self, restore: &str, wait: &str) -> Self {
+        self.restore_flags = parse_flag_names(restore);
+        self.wait_flags = parse_flag_names(wait);
+        self
+    }
+
+    /// Whether a restore can let the sandbox run while its memory still loads
+    /// (`restore --background`, 2024-09 on) and tell when loading ends (`wait --restore`).
+    pub fn lazy_restore(&self) -> bool {
+        self.restore_flags.contains("background") && self.wait_flags.contains("restore")
+    }
+
+    /// The checkpoint flags that give the three-file, uncompressed image a lazy restore and
+    /// the store need, where this runsc has the choice (`--compression`; none is the default
+    /// of later builds, said anyway).
+    pub fn uncompressed_checkpoint_flags(&self) -> Vec<String> {
+        if self.checkpoint_flags.contains("compression") {
+            vec!["--compression=none".to_string()]
+        } else {
+            Vec::new()
+        }
     }
 
     /// Whether `runsc kill --all` misses the init of a restored sandbox (the builds that
@@ -166,7 +198,7 @@ impl FeatureCache {
         let m = std::fs::metadata(&path).ok()?;
         // The leading number is the cache format: bump it when Features gains a field.
         let print = format!(
-            "5:{}:{}:{}:{}:{}.{}",
+            "6:{}:{}:{}:{}:{}.{}",
             path.display(),
             m.dev(),
             m.ino(),
@@ -334,5 +366,19 @@ mod tests {
         assert!(Features::default()
             .check_flags(&["--anything=1".into()])
             .is_ok());
+    }
+
+    #[test]
+    fn lazy_restore_and_compression_are_read_from_the_help() {
+        let old = Features::default()
+            .with_checkpoint_help("  -image-path string\n  -leave-running\n")
+            .with_restore_help("  -detach\n  -image-path string\n", "  -pid int\n");
+        assert!(!old.lazy_restore());
+        assert!(old.uncompressed_checkpoint_flags().is_empty());
+        let new = Features::default()
+            .with_checkpoint_help("  -compression value\n    \tcompress\n  -leave-running\n")
+            .with_restore_help("  -background\n  -detach\n", "  -checkpoint\n  -restore\n");
+        assert!(new.lazy_restore());
+        assert_eq!(new.uncompressed_checkpoint_flags(), ["--compression=none"]);
     }
 }

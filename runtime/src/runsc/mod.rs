@@ -186,10 +186,13 @@ impl Runsc {
         let help = self.plain(&["help"])?;
         let checkpoint = self.plain(&["help", "checkpoint"]).unwrap_or_default();
         let kill = self.plain(&["help", "kill"]).unwrap_or_default();
+        let restore = self.plain(&["help", "restore"]).unwrap_or_default();
+        let wait = self.plain(&["help", "wait"]).unwrap_or_default();
         Ok(Features::from_outputs(&version, &flags)
             .with_help(&help)
             .with_checkpoint_help(&checkpoint)
-            .with_kill_help(&kill))
+            .with_kill_help(&kill)
+            .with_restore_help(&restore, &wait))
     }
 
     /// Runs runsc with bare arguments (no root, no log) and returns what it printed, stdout
@@ -340,7 +343,9 @@ impl Runsc {
     }
 
     /// `runsc restore --detach`: a running sandbox `id` from the checkpoint in `image_path`,
-    /// with `stdio` as its init's stdio, like [`Runsc::create`] followed by a start.
+    /// with `stdio` as its init's stdio, like [`Runsc::create`] followed by a start. With
+    /// `background`, it runs once its kernel state is loaded and its memory loads behind it.
+    #[allow(clippy::too_many_arguments)]
     pub fn restore(
         &self,
         id: &str,
@@ -349,6 +354,7 @@ impl Runsc {
         pid_file: &Path,
         stdio: ProcessStdio,
         console_socket: Option<&Path>,
+        background: bool,
     ) -> Result<()> {
         self.run(
             Op::Restore {
@@ -357,10 +363,16 @@ impl Runsc {
                 image_path,
                 pid_file,
                 console_socket,
+                background,
             },
             Some(stdio),
         )
         .map(drop)
+    }
+
+    /// Blocks until a background restore of `id` has loaded all of its memory.
+    pub fn wait_restored(&self, id: &str) -> Result<()> {
+        self.run(Op::WaitRestore { id }, None).map(drop)
     }
 
     pub fn start(&self, id: &str) -> Result<()> {

@@ -21,7 +21,9 @@ pub trait SandboxRuntime: Send + Sync {
         stdio: ProcessStdio,
         console: Option<&Path>,
     ) -> Result<()>;
-    /// Makes sandbox `id` from the checkpoint in `image`, running.
+    /// Makes sandbox `id` from the checkpoint in `image`, running; with `background`, before
+    /// all of its memory is loaded.
+    #[allow(clippy::too_many_arguments)]
     fn restore(
         &self,
         id: &str,
@@ -30,7 +32,10 @@ pub trait SandboxRuntime: Send + Sync {
         pid_file: &Path,
         stdio: ProcessStdio,
         console: Option<&Path>,
+        background: bool,
     ) -> Result<()>;
+    /// Blocks until a background restore of `id` has loaded all of its memory.
+    fn wait_restored(&self, id: &str) -> Result<()>;
     fn start(&self, id: &str) -> Result<()>;
     /// Starts a pod's container, handing it `stdio` (runsc gives it at start).
     fn start_with_stdio(&self, id: &str, stdio: ProcessStdio) -> Result<()>;
@@ -91,8 +96,14 @@ impl SandboxRuntime for Runsc {
         pid_file: &Path,
         stdio: ProcessStdio,
         console: Option<&Path>,
+        background: bool,
     ) -> Result<()> {
-        Runsc::restore(self, id, bundle, image, pid_file, stdio, console)
+        Runsc::restore(
+            self, id, bundle, image, pid_file, stdio, console, background,
+        )
+    }
+    fn wait_restored(&self, id: &str) -> Result<()> {
+        Runsc::wait_restored(self, id)
     }
     fn start(&self, id: &str) -> Result<()> {
         Runsc::start(self, id)

@@ -1,9 +1,10 @@
-//! sha256 of snapshot files, streamed and spread over every core.
+//! sha256 of snapshot files, streamed, files spread over the cores.
 //!
-//! A checkpoint is often one big memory file, so parallelism across files alone would leave
-//! a multi-GB snapshot bound by one core. Files larger than [`CHUNK_SIZE`] are therefore hashed
-//! as independent chunks, and their digest is the sha256 of the chunk digests in order (the
-//! manifest records both, see `MANIFEST.md`); smaller files have their plain sha256.
+//! Each file's digest is its plain sha256: the digest it is stored and pushed under as a
+//! content-addressed blob, so a file is hashed once, when it is sealed. Manifests written
+//! before snapshots were stored as blobs hashed files over 64 MiB as chunks (their digest the
+//! sha256 of the chunk digests, see `MANIFEST.md`); [`hash_files_chunked`] still verifies
+//! those.
 
 use std::{
     fs::File,
@@ -19,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{Error, Result};
 
-/// The unit of parallel hashing for big files.
+/// The unit of parallel hashing of older manifests' big files.
 pub const CHUNK_SIZE: u64 = 64 << 20;
 const READ_BUF: usize = 1 << 20;
 
@@ -27,7 +28,8 @@ const READ_BUF: usize = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileDigest {
     pub size: u64,
-    /// Hex sha256: of the content, or of the chunk digests when `chunks` is not empty.
+    /// Hex sha256: of the content, or (older manifests) of the chunk digests when `chunks` is
+    /// not empty.
     pub sha256: String,
     /// Hex sha256 of each [`CHUNK_SIZE`] piece, for files larger than one chunk.
     pub chunks: Vec<String>,
@@ -41,8 +43,67 @@ struct Job {
     len: u64,
 }
 
-/// Hashes `paths` with up to `threads` workers (0: one per core). Results are in input order.
+/// The plain sha256 of each of `paths`, up to `threads` files at once (0: one per core), in
+/// input order.
 pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> {
+    let sizes = paths
+        .iter()
+        .map(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.len())
+                .map_err(|e| Error::io(format!("stat {}", p.display()), e))
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    // Biggest first, so the big memory file does not start last and run alone.
+    let mut order: Vec<usize> = (0..paths.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+    let results: Vec<Mutex<Option<[u8; 32]>>> = paths.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let failure: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..workers(threads, paths.len()) {
+            scope.spawn(|| {
+                let mut buf = vec![0u8; READ_BUF];
+                while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if failure.lock().unwrap().is_some() {
+                        break;
+                    }
+                    match hash_range(&paths[i], 0, sizes[i], &mut buf) {
+                        Ok(d) => *results[i].lock().unwrap() = Some(d),
+                        Err(e) => {
+                            failure.lock().unwrap().get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap() {
+        return Err(e);
+    }
+    Ok(sizes
+        .into_iter()
+        .zip(results)
+        .map(|(size, d)| FileDigest {
+            size,
+            sha256: hex(&d.into_inner().unwrap().expect("every file hashed")),
+            chunks: Vec::new(),
+        })
+        .collect())
+}
+
+fn workers(threads: usize, jobs: usize) -> usize {
+    match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(jobs.max(1))
+}
+
+/// The digests of older manifests: files over [`CHUNK_SIZE`] hashed as chunks in parallel,
+/// their digest the sha256 of the chunk digests; smaller files their plain sha256.
+pub fn hash_files_chunked(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> {
     let mut sizes = Vec::with_capacity(paths.len());
     let mut jobs = Vec::new();
     for (i, path) in paths.iter().enumerate() {
@@ -67,11 +128,7 @@ pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> 
         .iter()
         .map(|s| Mutex::new(vec![None; s.div_ceil(CHUNK_SIZE).max(1) as usize]))
         .collect();
-    let threads = match threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    }
-    .min(jobs.len().max(1));
+    let threads = workers(threads, jobs.len());
     let next = AtomicUsize::new(0);
     let failure: Mutex<Option<Error>> = Mutex::new(None);
     std::thread::scope(|scope| {
@@ -191,15 +248,34 @@ mod tests {
     }
 
     #[test]
-    fn big_files_are_chunked_and_the_result_does_not_depend_on_threads() {
+    fn big_files_have_their_plain_sha256_whatever_the_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        let small = dir.path().join("small");
+        let f = File::create(&big).unwrap();
+        f.set_len(CHUNK_SIZE + 5).unwrap();
+        f.write_at(b"x", 3).unwrap();
+        std::fs::write(&small, b"hello\n").unwrap();
+        let one = hash_files(&[big.clone(), small.clone()], 1).unwrap();
+        let many = hash_files(&[big.clone(), small], 8).unwrap();
+        assert_eq!(one, many);
+        let mut content = vec![0u8; CHUNK_SIZE as usize + 5];
+        content[3] = b'x';
+        assert_eq!(one[0].sha256, sha256_hex(&content));
+        assert!(one[0].chunks.is_empty());
+        assert_eq!(one[1].size, 6);
+    }
+
+    #[test]
+    fn older_manifests_chunks_do_not_depend_on_threads() {
         let dir = tempfile::tempdir().unwrap();
         let big = dir.path().join("big");
         let f = File::create(&big).unwrap();
         // Two full chunks and a tail; sparse, so the test stays cheap on disk.
         f.set_len(2 * CHUNK_SIZE + 5).unwrap();
         f.write_at(b"x", CHUNK_SIZE + 3).unwrap();
-        let one = hash_files(std::slice::from_ref(&big), 1).unwrap();
-        let many = hash_files(&[big], 8).unwrap();
+        let one = hash_files_chunked(std::slice::from_ref(&big), 1).unwrap();
+        let many = hash_files_chunked(&[big], 8).unwrap();
         assert_eq!(one, many);
         assert_eq!(one[0].chunks.len(), 3);
         assert_eq!(one[0].size, 2 * CHUNK_SIZE + 5);

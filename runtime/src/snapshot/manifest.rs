@@ -28,6 +28,15 @@ pub enum Kind {
     Suspend,
 }
 
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Snapshot => "snapshot",
+            Kind::Suspend => "suspend",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Source {
     pub namespace: String,
@@ -187,8 +196,9 @@ impl Manifest {
                 .create_new(true)
                 .mode(0o600)
                 .open(&tmp)?;
+            // Not fsync'd, like runsc's own files: flushing the journal here would write the
+            // whole checkpoint out to disk first.
             f.write_all(&bytes)?;
-            f.sync_all()?;
             std::fs::rename(&tmp, dir.join(FILE_NAME))
         };
         write().map_err(|e| {
@@ -208,13 +218,18 @@ impl Manifest {
                 ),
             )
         })?;
-        let raw: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| snapshot_error(dir, format!("{FILE_NAME} is not valid JSON: {e}")))?;
+        Self::parse(&bytes, dir)
+    }
+
+    /// A manifest from its bytes (`place`, where it came from, goes into errors).
+    pub fn parse(bytes: &[u8], place: &Path) -> Result<Self> {
+        let raw: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| snapshot_error(place, format!("{FILE_NAME} is not valid JSON: {e}")))?;
         match raw["schema_version"].as_u64() {
             Some(v) if v == SCHEMA_VERSION as u64 => {}
             other => {
                 return Err(snapshot_error(
-                    dir,
+                    place,
                     format!(
                         "{FILE_NAME} has schema_version {other:?}; this build restores {SCHEMA_VERSION}"
                     ),
@@ -222,7 +237,7 @@ impl Manifest {
             }
         }
         serde_json::from_value(raw)
-            .map_err(|e| snapshot_error(dir, format!("{FILE_NAME} does not fit schema 1: {e}")))
+            .map_err(|e| snapshot_error(place, format!("{FILE_NAME} does not fit schema 1: {e}")))
     }
 
     /// Checks that `dir` holds exactly the manifest's files, each of its size and sha256.
@@ -264,7 +279,12 @@ impl Manifest {
             }
         }
         let paths: Vec<PathBuf> = self.files.iter().map(|f| dir.join(&f.path)).collect();
-        let digests = hash::hash_files(&paths, threads)?;
+        // Manifests of older builds hashed big files as chunks.
+        let digests = if self.files.iter().any(|f| !f.chunks.is_empty()) {
+            hash::hash_files_chunked(&paths, threads)?
+        } else {
+            hash::hash_files(&paths, threads)?
+        };
         for (f, d) in self.files.iter().zip(digests) {
             if d.sha256 != f.sha256 {
                 return Err(snapshot_error(
@@ -352,7 +372,7 @@ pub fn restrict_permissions(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn is_plain_relative(path: &str) -> bool {
+pub(crate) fn is_plain_relative(path: &str) -> bool {
     !path.is_empty()
         && Path::new(path)
             .components()
@@ -413,7 +433,7 @@ pub fn rfc3339_secs(text: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]

@@ -7,7 +7,9 @@ pub mod extra;
 pub mod hash;
 pub mod isolation;
 pub mod manifest;
+pub mod oci;
 pub mod space;
+pub mod store;
 
 pub use isolation::Isolation;
 pub use manifest::{Kind, Manifest};

@@ -5,6 +5,7 @@
 //! with its exit reported) and the directory empty.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -17,7 +18,9 @@ use chalk_runtime::{
         describe::describe,
         dir,
         manifest::{self, PodFacts, PodMember, Source},
-        space, Kind, Manifest,
+        space,
+        store::{Commit, Committed, Ingest, Pointer, Store, POINTER},
+        Kind, Manifest,
     },
     state::Status,
 };
@@ -29,6 +32,7 @@ use crate::{
     errors::{Result, ShimError},
     runtime_options::CheckpointRequest,
 };
+use chalkctl::snapshots::{SNAPSHOTTER_ANNOTATION, SPEC_TYPE_ANNOTATION};
 
 /// How long the sentry may take to let go of a killed exec's host files.
 const EXEC_SETTLE: Duration = Duration::from_millis(500);
@@ -51,12 +55,22 @@ impl Sandboxes {
         if !members.is_empty() {
             check_pod_checkpoint(&c, members.len(), want.exit)?;
         }
-        let dir = want.image_path.unwrap_or_else(|| PathBuf::from(path));
-        dir::prepare(&dir).map_err(ShimError::FailedPrecondition)?;
+        let asked = want.image_path.unwrap_or_else(|| PathBuf::from(path));
+        // An ingest directory of the store: the snapshot is stored as blobs once sealed.
+        let ingest = match Store::ingest_token_under(&c.snapshot.store, &asked) {
+            Some(token) => Some(Store::open(&c.snapshot.store)?.begin_ingest(&token)?),
+            None => None,
+        };
+        let dir = ingest
+            .as_ref()
+            .map_or(asked.clone(), |i| i.dir().to_path_buf());
+        if ingest.is_none() {
+            dir::prepare(&dir).map_err(ShimError::FailedPrecondition)?;
+        }
         // A checkpoint that fills the disk half-way can cost the source (its sandbox stops
         // on runsc builds that cannot checkpoint in place): refused before anything is done.
         let memory = c.runtime.stats(&c.id).map(|s| s.data.memory.usage.usage);
-        if c.check_free_space {
+        if c.snapshot.check_free_space {
             let memory = memory.as_ref().map_err(|e| {
                 ShimError::FailedPrecondition(format!(
                     "container {}: cannot tell how much memory it uses, so not how much room \
@@ -134,15 +148,7 @@ impl Sandboxes {
             dir::empty(&dir);
             return Err(e.into());
         }
-        log::info!(
-            "container {}: {} of {} bytes in {:?} (runsc {runsc_time:?}, manifest {:?}) at {}",
-            c.id,
-            if want.exit { "suspend" } else { "snapshot" },
-            manifest.total_size(),
-            started.elapsed(),
-            started.elapsed() - runsc_time,
-            dir.display()
-        );
+        let hash_time = started.elapsed() - runsc_time;
         if !want.exit {
             // The snapshot is on disk, but a source left without its GPU state fails it.
             if let Err(e) = put_back("after the checkpoint") {
@@ -154,12 +160,93 @@ impl Sandboxes {
                 log::warn!("container {}: {e}", c.id);
             }
         }
+        let before_store = started.elapsed();
+        let stored = match ingest {
+            Some(ingest) => Some(self.store_snapshot(&c, ingest, kind)?),
+            None => None,
+        };
+        // containerd 1.6 ignores a non-runc shim's image_path and stores what its own
+        // directory holds: a pointer to the stored snapshot (the same form a restore takes),
+        // which also keeps its stored tar from being the same empty one every time.
+        if let Some(committed) = &stored {
+            let theirs = Path::new(path);
+            if !path.is_empty() && theirs != asked && theirs.is_dir() {
+                let pointer = Pointer {
+                    snapshot: committed.manifest.digest.clone(),
+                };
+                chalk_runtime::bundle::write_private(&theirs.join(POINTER), &pointer.to_bytes())?;
+            }
+        }
+        log::info!(
+            "container {}: {} of {} bytes in {:?} (runsc {runsc_time:?}, hashing {hash_time:?}, \
+             storing {:?}) at {}",
+            c.id,
+            if want.exit { "suspend" } else { "snapshot" },
+            manifest.total_size(),
+            started.elapsed(),
+            started.elapsed() - before_store,
+            stored
+                .as_ref()
+                .map_or(dir.display().to_string(), |s| s.manifest.digest.clone()),
+        );
+        log::info!(
+            "chalk-timing op={} id={} runsc_ms={} hash_ms={} store_ms={} bytes={}",
+            if want.exit { "suspend" } else { "snapshot" },
+            c.id,
+            runsc_time.as_millis(),
+            hash_time.as_millis(),
+            (started.elapsed() - before_store).as_millis(),
+            manifest.total_size()
+        );
         let mut ev = TaskCheckpointed::new();
         ev.container_id = c.id.clone();
         ev.checkpoint = dir.display().to_string();
         self.events()
             .publish(topics::TASK_CHECKPOINTED_EVENT_TOPIC, ev);
         Ok(())
+    }
+
+    /// Moves a sealed checkpoint into the store as blobs, with containerd's spec of the
+    /// container and its base image as the manifest's subject; the ref is written last.
+    fn store_snapshot(&self, c: &Container, ingest: Ingest, kind: Kind) -> Result<Committed> {
+        let facts = self.records().snapshot_facts(&c.id)?;
+        let store = Store::open(&c.snapshot.store)?;
+        let annotations = BTreeMap::from([
+            (
+                "io.chalk.snapshot.kind".to_string(),
+                kind.as_str().to_string(),
+            ),
+            (
+                "io.chalk.snapshot.sandbox".to_string(),
+                c.sandbox_id.clone(),
+            ),
+            (
+                "io.chalk.snapshot.namespace".to_string(),
+                self.namespace().to_string(),
+            ),
+            (
+                SNAPSHOTTER_ANNOTATION.to_string(),
+                facts.snapshotter.clone(),
+            ),
+            (SPEC_TYPE_ANNOTATION.to_string(), facts.spec_type.clone()),
+        ]);
+        let committed = store.commit(
+            ingest,
+            Commit {
+                namespace: self.namespace(),
+                spec: &facts.spec,
+                subject: facts.base,
+                annotations,
+            },
+        )?;
+        log::info!(
+            "container {}: stored as {} ({} bytes new, {} already in the store)",
+            c.id,
+            committed.manifest.digest,
+            committed.stored,
+            committed.reused
+        );
+        Ok(committed)
     }
 
     /// The manifest's account of container `c`, before its files are hashed.
@@ -265,7 +352,7 @@ impl Sandboxes {
 
     fn checkpoint_in_place(&self, c: &Container, dir: &Path, was_paused: bool) -> Result<()> {
         c.runtime
-            .checkpoint(&c.id, dir, true, &crate::gpu::runsc_flags(c))?;
+            .checkpoint(&c.id, dir, true, &checkpoint_flags(c))?;
         // The sandbox must read as containerd last saw it: paused stays paused.
         let now = c.runtime.state(&c.id)?;
         let pid = c.state.lock().unwrap().init.pid;
@@ -300,7 +387,7 @@ impl Sandboxes {
         let held = crate::io::hold_outputs(&stdio);
         if let Err(e) = c
             .runtime
-            .checkpoint(&c.id, dir, false, &crate::gpu::runsc_flags(c))
+            .checkpoint(&c.id, dir, false, &checkpoint_flags(c))
         {
             // A failed save ends the sandbox on this runsc (at once, if it does).
             let alive = (0..10).all(|_| {
@@ -328,6 +415,7 @@ impl Sandboxes {
                 previous: Some(&previous),
                 terminal: None,
                 signals: Some(crate::terminal::signals_for(c)),
+                lazy: false,
             },
         );
         drop(held);
@@ -362,7 +450,7 @@ impl Sandboxes {
         self.begin_checkpoint(c)?;
         let checkpointed = c
             .runtime
-            .checkpoint(&c.id, dir, false, &crate::gpu::runsc_flags(c));
+            .checkpoint(&c.id, dir, false, &checkpoint_flags(c));
         self.end_checkpoint(c);
         checkpointed?;
         let (pid, exit) = {
@@ -380,6 +468,14 @@ impl Sandboxes {
         }
         Ok(())
     }
+}
+
+/// This checkpoint's own runsc flags: the GPU handoff's, and the uncompressed image that the
+/// store and lazy restores read.
+fn checkpoint_flags(c: &Container) -> Vec<String> {
+    let mut flags = crate::gpu::runsc_flags(c);
+    flags.extend(c.features.uncompressed_checkpoint_flags());
+    flags
 }
 
 /// Runs the hooks of `stage` with the sandbox running.

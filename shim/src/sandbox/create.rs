@@ -137,8 +137,14 @@ impl Sandboxes {
         let restore_from = match checkpoint.as_str() {
             "" => None,
             dir => {
-                let from =
-                    self.verify_restore(id, Path::new(dir), &*runtime, &features, &adapted)?;
+                let to = super::restore::Into {
+                    id,
+                    runtime: &*runtime,
+                    features: &features,
+                    spec: &adapted,
+                    options: &opts.snapshot,
+                };
+                let from = self.verify_restore(Path::new(dir), to)?;
                 *from.unpacked.lock().unwrap() = unpacked.take();
                 Some(from)
             }
@@ -187,7 +193,7 @@ impl Sandboxes {
             restored: Default::default(),
             hooks,
             gpu,
-            check_free_space: opts.snapshot.check_free_space,
+            snapshot: opts.snapshot.clone(),
             terminal_signals: Default::default(),
             terminal_gate: Default::default(),
             lifetime,

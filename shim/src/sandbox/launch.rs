@@ -28,6 +28,8 @@ pub enum Launch<'a> {
         terminal: Option<TerminalState>,
         /// Where the keys of its terminal that raise signals go (runsc delivers none).
         signals: Option<io::TerminalSignals>,
+        /// Running before all of its memory is loaded (runsc's `--background`).
+        lazy: bool,
     },
 }
 
@@ -79,7 +81,7 @@ impl Sandboxes {
                 c.runtime
                     .create(&c.id, &c.bundle, &pid_file, runtime_stdio, socket_path)?
             }
-            Launch::Restore { image, .. } => {
+            Launch::Restore { image, lazy, .. } => {
                 c.runtime.restore(
                     &c.id,
                     &c.bundle,
@@ -87,6 +89,7 @@ impl Sandboxes {
                     &pid_file,
                     runtime_stdio,
                     socket_path,
+                    *lazy,
                 )?;
                 c.restored.store(true, Ordering::Relaxed);
             }

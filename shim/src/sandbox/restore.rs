@@ -1,13 +1,17 @@
 //! A restore is verified at Create, before anything is made for it: its files intact, this
 //! host and runsc fit, the sandbox would reach no further, and the image is the same by
-//! digest (see `chalk_runtime::snapshot::describe::check_restore`).
+//! digest (see `chalk_runtime::snapshot::describe::check_restore`). A checkpoint that points
+//! into the snapshot store is restored in place: runsc reads the stored blobs through links,
+//! and the blobs are trusted by identity (hashed again only where that changed).
 
 use std::{path::Path, time::Instant};
 
 use chalk_runtime::{
+    options::SnapshotOptions,
     runsc::{Features, SandboxRuntime},
     snapshot::{
         describe::{check_restore, Target},
+        store::{Pointer, RestoreDir, Store},
         Manifest,
     },
 };
@@ -16,17 +20,19 @@ use super::Sandboxes;
 use crate::container::RestoreFrom;
 use crate::errors::{Result, ShimError};
 
+/// Where a restore is going: the container, its runtime and its spec as runsc will get it.
+pub(super) struct Into<'a> {
+    pub id: &'a str,
+    pub runtime: &'a dyn SandboxRuntime,
+    pub features: &'a Features,
+    pub spec: &'a serde_json::Value,
+    pub options: &'a SnapshotOptions,
+}
+
 impl Sandboxes {
-    /// Checks that the snapshot in `dir` may be restored as container `id` with `spec` (as
-    /// runsc will get it).
-    pub(super) fn verify_restore(
-        &self,
-        id: &str,
-        dir: &Path,
-        runtime: &dyn SandboxRuntime,
-        features: &Features,
-        spec: &serde_json::Value,
-    ) -> Result<RestoreFrom> {
+    /// Checks that the snapshot in `dir` (a checkpoint directory, or a pointer to a stored
+    /// snapshot) may be restored as `to`.
+    pub(super) fn verify_restore(&self, dir: &Path, to: Into) -> Result<RestoreFrom> {
         if !dir.is_absolute() {
             return Err(ShimError::InvalidArgument(format!(
                 "checkpoint directory {} is not absolute",
@@ -34,33 +40,67 @@ impl Sandboxes {
             )));
         }
         let started = Instant::now();
-        let m = Manifest::load(dir)?;
-        m.verify_files(dir, 0)?;
+        let (m, linked) = match Pointer::read(dir)? {
+            Some(pointer) => {
+                let store = Store::open(&to.options.store)?;
+                let snap = store.open_snapshot(&pointer.snapshot)?;
+                let token = format!(
+                    "{}+{}+{}",
+                    self.namespace(),
+                    to.id,
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos())
+                );
+                let linked = store.prepare_restore(&snap, &token)?;
+                (snap.manifest, Some(linked))
+            }
+            None => {
+                let m = Manifest::load(dir)?;
+                m.verify_files(dir, 0)?;
+                (m, None)
+            }
+        };
+        let from = linked.as_ref().map_or(dir, RestoreDir::dir);
         let image = if m.image.is_some() {
-            self.records().image_of(id)?
+            self.records().image_of(to.id)?
         } else {
             None
         };
         let target = Target {
-            id,
-            runsc_version: &features.version,
-            global: runtime.global(),
-            spec,
+            id: to.id,
+            runsc_version: &to.features.version,
+            global: to.runtime.global(),
+            spec: to.spec,
             image: image.as_ref(),
         };
-        check_restore(&m, dir, &target).map_err(ShimError::FailedPrecondition)?;
+        check_restore(&m, from, &target).map_err(ShimError::FailedPrecondition)?;
+        // Only a stored snapshot loads lazily: its files are runsc's three uncompressed ones,
+        // and the store keeps them until loading ends.
+        let lazy = linked.is_some()
+            && to.options.lazy_restore
+            && to.features.lazy_restore()
+            && m.files.iter().any(|f| f.path == "pages.img");
         log::info!(
-            "container {id}: snapshot {} ({} bytes) verified in {:?}",
+            "container {}: snapshot {} ({} bytes) verified in {:?}{}",
+            to.id,
             dir.display(),
             m.total_size(),
-            started.elapsed()
+            started.elapsed(),
+            if linked.is_some() {
+                ", restored in place from the store"
+            } else {
+                ""
+            }
         );
         Ok(RestoreFrom {
-            dir: dir.to_path_buf(),
+            dir: from.to_path_buf(),
             cuda_pids: m.extra.moved_pids(),
             pod_members: m.extra.pod_members(),
             terminal: m.terminal.clone(),
             unpacked: Default::default(),
+            linked: std::sync::Mutex::new(linked),
+            lazy,
         })
     }
 }

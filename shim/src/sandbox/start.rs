@@ -103,10 +103,39 @@ impl Sandboxes {
                 previous: None,
                 terminal,
                 signals: Some(crate::terminal::signals_for(c)),
+                lazy: from.lazy,
             },
         );
         // runsc has opened what it reads (or failed): containerd's copy can go.
         from.unpacked.lock().unwrap().take();
+        let linked = from.linked.lock().unwrap().take();
+        let running = started_at.elapsed();
+        match (&launched, linked) {
+            // The store's links go once runsc has loaded everything: it holds the files open
+            // until then, and gc must not take their blobs meanwhile.
+            (Ok(_), Some(linked)) if from.lazy => {
+                let (runtime, id) = (c.runtime.clone(), c.id.clone());
+                std::thread::spawn(move || {
+                    let loaded = runtime.wait_restored(&id);
+                    drop(linked);
+                    match loaded {
+                        Ok(()) => log::info!(
+                            "chalk-timing op=restore id={id} lazy=true running_ms={} loaded_ms={}",
+                            running.as_millis(),
+                            started_at.elapsed().as_millis()
+                        ),
+                        Err(e) => log::warn!("container {id}: waiting for its restore: {e}"),
+                    }
+                });
+            }
+            (Ok(_), _) => log::info!(
+                "chalk-timing op=restore id={} lazy=false running_ms={} loaded_ms={}",
+                c.id,
+                running.as_millis(),
+                running.as_millis()
+            ),
+            _ => {}
+        }
         let (pid, pio) = launched?;
         if let (Some((w, h)), None) = (size, &from.terminal) {
             let _ = pio.resize(w, h);

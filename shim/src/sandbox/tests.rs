@@ -171,9 +171,15 @@ impl SandboxRuntime for FakeRuntime {
         pid_file: &Path,
         _: ProcessStdio,
         _: Option<&Path>,
+        background: bool,
     ) -> chalk_runtime::Result<()> {
-        self.call(format!("restore {id} {}", image.display()));
+        let lazy = if background { " background" } else { "" };
+        self.call(format!("restore {id} {}{lazy}", image.display()));
         self.make(id, pid_file)
+    }
+    fn wait_restored(&self, id: &str) -> chalk_runtime::Result<()> {
+        self.call(format!("wait-restored {id}"));
+        Ok(())
     }
     fn start(&self, id: &str) -> chalk_runtime::Result<()> {
         self.call(format!("start {id}"));
@@ -351,6 +357,14 @@ impl Records for FakeRecords {
     }
     fn set_label(&self, _: &str, _: &str, _: &str) -> Result<()> {
         Ok(())
+    }
+    fn snapshot_facts(&self, _: &str) -> Result<crate::containerd::SnapshotFacts> {
+        Ok(crate::containerd::SnapshotFacts {
+            spec: br#"{"process":{"args":["sh"]}}"#.to_vec(),
+            spec_type: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
+            base: None,
+            snapshotter: "overlayfs".into(),
+        })
     }
 }
 
