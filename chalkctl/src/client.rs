@@ -37,8 +37,9 @@ pub struct Client {
     channel: Channel,
     namespace: String,
     lease: Option<String>,
-    /// The snapshot store shared with the shim (its `[snapshot] store` option).
-    store_root: Option<std::path::PathBuf>,
+    /// The shim's runtime options, which name the snapshot store it shares with chalkctl
+    /// (else the ones the shim reads by default).
+    config: Option<std::path::PathBuf>,
 }
 
 fn describe(what: &str, e: Status) -> Error {
@@ -74,7 +75,7 @@ impl Client {
             channel,
             namespace: namespace.to_string(),
             lease: None,
-            store_root: None,
+            config: None,
         })
     }
 
@@ -82,23 +83,21 @@ impl Client {
         &self.namespace
     }
 
-    /// Uses the snapshot store at `root` (else the one the shim's default options name).
-    pub fn set_store(&mut self, root: std::path::PathBuf) {
-        self.store_root = Some(root);
+    /// Reads the snapshot store's place from the runtime options at `path` (when it is needed).
+    pub fn set_config(&mut self, path: std::path::PathBuf) {
+        self.config = Some(path);
     }
 
-    /// The snapshot store, opened (made if need be).
+    /// The snapshot store the shim's `[snapshot] store` option names, opened (made if need be).
     pub fn store(&self) -> Result<chalk_runtime::snapshot::store::Store> {
-        let root = match &self.store_root {
-            Some(root) => root.clone(),
-            None => {
-                chalk_runtime::options::RuntimeOptions::load_default()
-                    .map_err(|e| Error::from(e.to_string()))?
-                    .snapshot
-                    .store
-            }
-        };
-        chalk_runtime::snapshot::store::Store::open(&root).map_err(|e| Error::from(e.to_string()))
+        use chalk_runtime::options::RuntimeOptions;
+        let opts = match &self.config {
+            Some(path) => RuntimeOptions::load(path),
+            None => RuntimeOptions::load_default(),
+        }
+        .map_err(|e| Error::from(e.to_string()))?;
+        chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)
+            .map_err(|e| Error::from(e.to_string()))
     }
 
     fn req<T>(&self, msg: T) -> Request<T> {

@@ -222,10 +222,8 @@ fn main() -> ExitCode {
 /// Runs the command; prints tables itself and returns the JSON form.
 fn run(cli: &Cli) -> Result<Value> {
     let mut client = Client::connect(&cli.address, &cli.namespace)?;
-    if let Some(path) = &cli.config {
-        let opts = chalk_runtime::options::RuntimeOptions::load(path)
-            .map_err(|e| Error::from(e.to_string()))?;
-        client.set_store(opts.snapshot.store);
+    if let Some(path) = cli.config.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+        client.set_config(path.clone());
     }
     let table = cli.output == Output::Table;
     let progress = Progress::new(table);

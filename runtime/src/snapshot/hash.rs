@@ -58,30 +58,11 @@ pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> 
     let mut order: Vec<usize> = (0..paths.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
     let results: Vec<Mutex<Option<[u8; 32]>>> = paths.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    let failure: Mutex<Option<Error>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..workers(threads, paths.len()) {
-            scope.spawn(|| {
-                let mut buf = vec![0u8; READ_BUF];
-                while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if failure.lock().unwrap().is_some() {
-                        break;
-                    }
-                    match hash_range(&paths[i], 0, sizes[i], &mut buf) {
-                        Ok(d) => *results[i].lock().unwrap() = Some(d),
-                        Err(e) => {
-                            failure.lock().unwrap().get_or_insert(e);
-                            break;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().unwrap() {
-        return Err(e);
-    }
+    in_parallel(workers(threads, paths.len()), order.len(), |k, buf| {
+        let i = order[k];
+        *results[i].lock().unwrap() = Some(hash_range(&paths[i], 0, sizes[i], buf)?);
+        Ok(())
+    })?;
     Ok(sizes
         .into_iter()
         .zip(results)
@@ -91,6 +72,35 @@ pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> 
             chunks: Vec::new(),
         })
         .collect())
+}
+
+/// Runs `job(0..count)` on `threads` workers, each with a read buffer of its own; the first
+/// failure stops the others and is returned.
+fn in_parallel(
+    threads: usize,
+    count: usize,
+    job: impl Fn(usize, &mut [u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    let failure: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut buf = vec![0u8; READ_BUF];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count || failure.lock().unwrap().is_some() {
+                        break;
+                    }
+                    if let Err(e) = job(i, &mut buf) {
+                        failure.lock().unwrap().get_or_insert(e);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    failure.into_inner().unwrap().map_or(Ok(()), Err)
 }
 
 fn workers(threads: usize, jobs: usize) -> usize {
@@ -128,33 +138,12 @@ pub fn hash_files_chunked(paths: &[PathBuf], threads: usize) -> Result<Vec<FileD
         .iter()
         .map(|s| Mutex::new(vec![None; s.div_ceil(CHUNK_SIZE).max(1) as usize]))
         .collect();
-    let threads = workers(threads, jobs.len());
-    let next = AtomicUsize::new(0);
-    let failure: Mutex<Option<Error>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                let mut buf = vec![0u8; READ_BUF];
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(job) = jobs.get(i) else { break };
-                    if failure.lock().unwrap().is_some() {
-                        break;
-                    }
-                    match hash_range(&paths[job.file], job.offset, job.len, &mut buf) {
-                        Ok(d) => chunk_digests[job.file].lock().unwrap()[job.chunk] = Some(d),
-                        Err(e) => {
-                            failure.lock().unwrap().get_or_insert(e);
-                            break;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().unwrap() {
-        return Err(e);
-    }
+    in_parallel(workers(threads, jobs.len()), jobs.len(), |i, buf| {
+        let job = &jobs[i];
+        let d = hash_range(&paths[job.file], job.offset, job.len, buf)?;
+        chunk_digests[job.file].lock().unwrap()[job.chunk] = Some(d);
+        Ok(())
+    })?;
     Ok(sizes
         .into_iter()
         .zip(chunk_digests)
