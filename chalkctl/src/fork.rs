@@ -47,8 +47,9 @@ pub(crate) struct Parts {
     image: String,
     base: Descriptor,
     chain_id: String,
-    /// The stored snapshot (its OCI manifest digest) the index points at, if it is one.
-    pub stored: Option<String>,
+    /// The snapshot's chalk manifest (None for an old checkpoint without one, which the shim
+    /// refuses at restore).
+    manifest: Option<Manifest>,
 }
 
 fn descriptor(v: &Value) -> Descriptor {
@@ -65,26 +66,15 @@ fn read_json(client: &Client, digest: &str) -> Result<Value> {
         .map_err(|e| Error::from(format!("{digest}: {e}")))
 }
 
-/// What snapshot `digest` (its record's index) holds for a restore: from the snapshot store
-/// when the index names a stored snapshot, else from the index of a snapshot taken before
-/// snapshots were stored as blobs. Either way the index's checkpoint is what containerd is
-/// given: for a stored snapshot a pointer to it, so that the shim restores from the store's
-/// own files whatever containerd's version.
+/// What snapshot `digest` (its record's index) holds for a restore. The index's checkpoint is
+/// what containerd is given: for a snapshot in the store, a pointer to it, so that the shim
+/// restores from the store's own files whatever containerd's version; for one taken before
+/// snapshots were stored as blobs, its checkpoint tar.
 pub(crate) fn parts(client: &Client, digest: &str) -> Result<Parts> {
-    let mut p = legacy_parts(client, digest)?;
-    if let Some(stored) = snapshots::stored_snapshot_of(client, digest)? {
-        // Verified now, so that a damaged store is refused before anything is made.
-        client
-            .store()?
-            .open_snapshot(&stored)
-            .map_err(|e| Error::from(e.to_string()))?;
-        p.stored = Some(stored);
-    }
-    Ok(p)
-}
-
-fn legacy_parts(client: &Client, index_digest: &str) -> Result<Parts> {
-    let index = read_json(client, index_digest)?;
+    let index = read_json(client, digest)?;
+    // A stored snapshot is opened and checked here: a damaged store is refused before
+    // anything is made.
+    let manifest = snapshots::manifest_of(client, &index)?;
     let manifests: Vec<&Value> = index["manifests"]
         .as_array()
         .into_iter()
@@ -125,13 +115,12 @@ fn legacy_parts(client: &Client, index_digest: &str) -> Result<Parts> {
         spec,
         snapshotter: note("io.containerd.checkpoint.snapshotter"),
         // Snapshots of forks before this build recorded the pinned reference.
-        image: {
-            let name = note("org.opencontainers.image.ref.name");
-            chalk_runtime::snapshot::manifest::ImageRef::pinned(&name)
-                .map_or(name.clone(), |(n, _)| n.to_string())
-        },
+        image: chalk_runtime::snapshot::manifest::ImageRef::unpinned(&note(
+            "org.opencontainers.image.ref.name",
+        ))
+        .to_string(),
         base,
-        stored: None,
+        manifest,
     })
 }
 
@@ -267,11 +256,10 @@ pub fn fork(
     }
     let mut p = parts(client, &snap.digest)?;
     p.source = snap.sandbox_id.clone();
-    let m = snapshots::stored_manifest(client, &snap.digest)?;
-    p.members = pod_members(m.as_ref())?;
+    p.members = pod_members(p.manifest.as_ref())?;
     p.lifetime = opts.clone();
     check_memory(
-        memory_of(m.as_ref()),
+        memory_of(p.manifest.as_ref()),
         count,
         host_available_memory(),
         opts.force,

@@ -270,9 +270,11 @@ fn checkpoint_into_store(
         prost::Message::encode_to_vec(&spec),
         HashMap::new(),
     )?;
-    let image = stored.manifest.image.as_ref().map_or(String::new(), |i| {
-        ImageRef::pinned(&i.name).map_or(i.name.clone(), |(n, _)| n.to_string())
-    });
+    let image = stored
+        .manifest
+        .image
+        .as_ref()
+        .map_or("", |i| ImageRef::unpinned(&i.name));
     let platform = json!({"os": "linux", "architecture": oci_arch()});
     let manifests = vec![
         json!({"mediaType": pointer.media_type, "digest": pointer.digest, "size": pointer.size,
@@ -329,16 +331,14 @@ pub fn pointer_tar(digest: &str) -> Result<Vec<u8>> {
 }
 
 /// The stored snapshot (its OCI manifest digest) a record's index names, if it names one.
-pub fn stored_snapshot_of(client: &Client, index_digest: &str) -> Result<Option<String>> {
-    let index: Value = serde_json::from_slice(&client.read_blob(index_digest)?)
-        .map_err(|e| Error::from(format!("{index_digest}: {e}")))?;
-    Ok(index["manifests"]
+pub fn stored_in(index: &Value) -> Option<String> {
+    index["manifests"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|m| m["artifactType"] == oci::ARTIFACT)
         .and_then(|m| m["digest"].as_str())
-        .map(String::from))
+        .map(String::from)
 }
 
 /// containerd's garbage collector keeps what a blob's `gc.ref.content` labels name.
@@ -483,15 +483,21 @@ pub const SPEC_TYPE_ANNOTATION: &str = "io.chalk.snapshot.spec-type";
 /// snapshot taken before snapshots were stored as blobs (None if that has none, which the
 /// shim refuses at restore).
 pub fn stored_manifest(client: &Client, digest: &str) -> Result<Option<Manifest>> {
-    if let Some(stored) = stored_snapshot_of(client, digest)? {
+    let index: Value = serde_json::from_slice(&client.read_blob(digest)?)
+        .map_err(|e| Error::from(format!("{digest}: {e}")))?;
+    manifest_of(client, &index)
+}
+
+/// The chalk manifest a record's `index` leads to (see [`stored_manifest`]); a stored
+/// snapshot is opened, and so checked, on the way.
+pub fn manifest_of(client: &Client, index: &Value) -> Result<Option<Manifest>> {
+    if let Some(stored) = stored_in(index) {
         return client
             .store()?
             .open_snapshot(&stored)
             .map(|s| Some(s.manifest))
             .map_err(|e| Error::from(e.to_string()));
     }
-    let index: Value = serde_json::from_slice(&client.read_blob(digest)?)
-        .map_err(|e| Error::from(e.to_string()))?;
     let tar_digest = index["manifests"]
         .as_array()
         .into_iter()

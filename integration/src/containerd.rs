@@ -300,6 +300,23 @@ impl Containerd {
         self.dir().join("runsc").join(&self.namespace)
     }
 
+    /// containerd's content store: the directory of its sha256 blobs.
+    pub fn content_blobs(&self) -> PathBuf {
+        self.dir()
+            .join("root/io.containerd.content.v1.content/blobs/sha256")
+    }
+
+    /// The file of blob `digest` in containerd's content store.
+    pub fn content_blob(&self, digest: &str) -> PathBuf {
+        self.content_blobs()
+            .join(digest.trim_start_matches("sha256:"))
+    }
+
+    /// The snapshot store this containerd's shims and chalkctl share (its options say so).
+    pub fn snapshot_store(&self) -> PathBuf {
+        snapshot_store(self.dir())
+    }
+
     /// The default runtime options file (also reachable via --runtime-config-path).
     pub fn options_path(&self) -> PathBuf {
         self.dir().join("chalk.toml")
@@ -519,6 +536,10 @@ fn register_with_installer(d: &Path) -> io::Result<()> {
     Ok(())
 }
 
+fn snapshot_store(d: &Path) -> PathBuf {
+    d.join("snapshots")
+}
+
 fn runtime_options(d: &Path, setup: &Setup) -> String {
     let packaged = include_str!("../../packaging/chalk.toml");
     // The packaged file with a private runsc root, so test runs never meet.
@@ -558,7 +579,7 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
     // containerd's records.
     format!(
         "{head}{out}\n[snapshot]\nstore = \"{}\"\n",
-        d.join("snapshots").display()
+        snapshot_store(d).display()
     )
 }
 

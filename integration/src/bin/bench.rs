@@ -538,7 +538,7 @@ fn many_forks(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, Str
     let ours = (|| {
         chalk.wait_file(&src, "/tmp/ready", Duration::from_secs(900))?;
         let (_, digest, _) = chalk.snapshot(&src)?;
-        let store = chalk.c.dir().join("snapshots/blobs");
+        let store = chalk.c.snapshot_store().join("blobs");
         let content = chalk.c.dir().join("root/io.containerd.content.v1.content");
         let before = mem_available();
         let t = chalk.fork(&digest, "many", n);

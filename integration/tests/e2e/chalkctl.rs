@@ -283,20 +283,6 @@ pub fn chalkctl_suspend_and_resume(e: &Env) -> TestResult {
     e.assert_clean(id)
 }
 
-/// The content store file of blob `digest`.
-fn blob_file(e: &Env, digest: &str) -> PathBuf {
-    e.c.dir()
-        .join("root/io.containerd.content.v1.content/blobs/sha256")
-        .join(digest.trim_start_matches("sha256:"))
-}
-
-/// The snapshot store file of blob `digest`.
-fn store_blob(e: &Env, digest: &str) -> PathBuf {
-    e.c.dir()
-        .join("snapshots/blobs/sha256")
-        .join(digest.trim_start_matches("sha256:"))
-}
-
 /// The pid of the background `chalkctl snapshot finish` for record `name`.
 fn finisher(name: &str) -> Option<i32> {
     chalk_integration::procs::processes()
@@ -388,19 +374,8 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
 
         // Stored content changed in place: the snapshot's OCI manifest (which the record's
         // index names) no longer matches its digest.
-        let index: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(blob_file(e, &digest)).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| e.to_string())?;
-        let stored = index["manifests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|m| m["artifactType"] == "application/vnd.chalk.snapshot.v1")
-            .and_then(|m| m["digest"].as_str())
-            .ok_or("the record's index names no stored snapshot")?
-            .to_string();
-        let manifest_file = store_blob(e, &stored);
+        let (stored, _) = e.stored_snapshot(&digest)?;
+        let manifest_file = e.store_blob(&stored);
         let manifest = std::fs::read(&manifest_file).map_err(|e| e.to_string())?;
         let mut bent = manifest.clone();
         let last = bent.len() - 2;
@@ -427,7 +402,7 @@ pub fn chalkctl_refuses_what_it_cannot_fork(e: &Env) -> TestResult {
             .and_then(|l| l["digest"].as_str())
             .ok_or("no checkpoint.img layer in the snapshot's manifest")?
             .to_string();
-        let blob = store_blob(e, &layer);
+        let blob = e.store_blob(&layer);
         let bytes = std::fs::read(&blob).map_err(|e| e.to_string())?;
         let mut bent = bytes.clone();
         bent[bytes.len() / 2] ^= 1;

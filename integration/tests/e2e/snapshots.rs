@@ -169,10 +169,7 @@ pub fn suspend_releases_the_sandbox_and_resume_continues(e: &Env) -> TestResult 
 
 /// Where containerd keeps the blob of `d`.
 fn blob_path(e: &Env, d: &Descriptor) -> PathBuf {
-    let hex = d.digest.trim_start_matches("sha256:");
-    e.c.dir()
-        .join("root/io.containerd.content.v1.content/blobs/sha256")
-        .join(hex)
+    e.c.content_blob(&d.digest)
 }
 
 /// `(header offset, data offset, size)` of entry `name` in a tar.

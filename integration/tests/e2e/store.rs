@@ -3,56 +3,20 @@
 //! blobs in place (lazily where runsc can), and `snapshot delete` and `snapshot gc` free the
 //! disk.
 
-use std::{os::unix::fs::PermissionsExt, path::Path};
+use std::os::unix::fs::PermissionsExt;
 
-use chalk_integration::testkit::current_runsc;
+use chalk_integration::{bench::runsc_alone::size_of, testkit::current_runsc};
 
 use super::*;
 
 const ARTIFACT: &str = "application/vnd.chalk.snapshot.v1";
 
 fn store(e: &Env) -> PathBuf {
-    e.c.dir().join("snapshots")
-}
-
-/// Bytes under `dir`, every file counted once.
-fn du(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => stack.push(entry.path()),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
-            }
-        }
-    }
-    total
+    e.c.snapshot_store()
 }
 
 fn content_store(e: &Env) -> PathBuf {
-    e.c.dir()
-        .join("root/io.containerd.content.v1.content/blobs/sha256")
-}
-
-/// The stored snapshot's OCI manifest that snapshot (record index) `digest` names.
-fn stored_manifest(e: &Env, digest: &str) -> Result<(String, serde_json::Value), Failed> {
-    let read = |p: PathBuf| -> Result<serde_json::Value, Failed> {
-        let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        serde_json::from_slice(&bytes).map_err(|e| Failed::from(e.to_string()))
-    };
-    let index = read(content_store(e).join(&digest[7..]))?;
-    let stored = index["manifests"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["artifactType"] == ARTIFACT)
-        .and_then(|m| m["digest"].as_str())
-        .ok_or_else(|| format!("index {digest} names no stored snapshot: {index}"))?
-        .to_string();
-    let m = read(store(e).join("blobs/sha256").join(&stored[7..]))?;
-    Ok((stored, m))
+    e.c.content_blobs()
 }
 
 /// Snapshot, fork, suspend and resume through the store, and the disk it takes and frees.
@@ -64,14 +28,14 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
             format!("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=8 2>/dev/null; {COUNTER}");
         e.run_detached(src, &["sh", "-c", &fill])?;
         e.count_reaches(src, 3)?;
-        let content_before = du(&content_store(e));
+        let content_before = size_of(&content_store(e));
         let digest = e.snapshot_of(src)?;
         taken.push(digest.clone());
-        let content_added = du(&content_store(e)).saturating_sub(content_before);
+        let content_added = size_of(&content_store(e)).saturating_sub(content_before);
 
         // The snapshot: an OCI 1.1 artifact whose subject is the base image, one 0400 blob per
         // file runsc wrote, in a root-only store; nothing of its memory in the content store.
-        let (stored, m) = stored_manifest(e, &digest)?;
+        let (stored, m) = e.stored_snapshot(&digest)?;
         ensure!(
             m["artifactType"] == ARTIFACT
                 && m["config"]["mediaType"] == "application/vnd.oci.empty.v1+json",
@@ -148,7 +112,7 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
             e.count_reaches(f, n + 2)?;
         }
         let deadline = Instant::now() + Duration::from_secs(20);
-        while du(&store(e).join("restores")) > 0
+        while size_of(&store(e).join("restores")) > 0
             || std::fs::read_dir(store(e).join("restores")).map_or(0, |d| d.count()) > 0
         {
             ensure!(
@@ -191,7 +155,7 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
             .unwrap_or_default()
             .to_string();
         taken.push(suspended.clone());
-        let (susp_manifest, _) = stored_manifest(e, &suspended)?;
+        let (susp_manifest, _) = e.stored_snapshot(&suspended)?;
         let gc = e.chalkctl_json(&["snapshot", "gc"])?;
         ensure!(gc["blobs_removed"] == 0, "gc with nothing to remove: {gc}");
         let out = e.chalkctl_json(&["resume", "--id", forks[0]])?;
@@ -204,7 +168,7 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
         let crashed = store(e).join("ingest").join("chalk-test+crashed");
         std::fs::create_dir_all(&crashed).map_err(|e| e.to_string())?;
         std::fs::write(crashed.join("pages.img"), vec![7u8; 1 << 20]).map_err(|e| e.to_string())?;
-        let before = du(&store(e).join("blobs"));
+        let before = size_of(&store(e).join("blobs"));
         let out = e.chalkctl_json(&["snapshot", "delete", "--snapshot-id", &digest])?;
         taken.retain(|t| t != &digest);
         let freed = out["freed_bytes"].as_u64().unwrap_or(0);
@@ -213,9 +177,9 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
             "delete freed {freed} of {file_bytes} bytes: {out}"
         );
         ensure!(
-            before - du(&store(e).join("blobs")) == freed,
+            before - size_of(&store(e).join("blobs")) == freed,
             "the store shrank by {} bytes, delete says {freed}",
-            before - du(&store(e).join("blobs"))
+            before - size_of(&store(e).join("blobs"))
         );
         ensure!(
             !store(e).join("blobs/sha256").join(&stored[7..]).exists(),

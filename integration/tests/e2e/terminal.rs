@@ -34,10 +34,7 @@ fn tty(
 
 /// The checkpoint in chalkctl snapshot `digest`.
 fn checkpoint_of(e: &Env, digest: &str) -> Result<Descriptor, Failed> {
-    let index =
-        e.c.dir()
-            .join("root/io.containerd.content.v1.content/blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"));
+    let index = e.c.content_blob(digest);
     let index: serde_json::Value = serde_json::from_slice(
         &std::fs::read(&index).map_err(|e| format!("{}: {e}", index.display()))?,
     )

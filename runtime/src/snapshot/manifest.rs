@@ -107,6 +107,11 @@ impl ImageRef {
         let hex = digest.strip_prefix("sha256:")?;
         (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some((name, digest))
     }
+
+    /// The name of `reference` without its digest pin, if it has one.
+    pub fn unpinned(reference: &str) -> &str {
+        Self::pinned(reference).map_or(reference, |(name, _)| name)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -444,6 +449,11 @@ pub(crate) mod tests {
             Some(("docker.io/library/busybox", d.as_str()))
         );
         assert_eq!(ImageRef::pinned("docker.io/library/busybox:latest"), None);
+        assert_eq!(
+            ImageRef::unpinned(&format!("docker.io/library/busybox@{d}")),
+            "docker.io/library/busybox"
+        );
+        assert_eq!(ImageRef::unpinned("busybox:latest"), "busybox:latest");
         assert_eq!(ImageRef::pinned("busybox@sha256:short"), None);
         assert_eq!(ImageRef::pinned("busybox@md5:abc"), None);
     }

@@ -194,14 +194,6 @@ impl Store {
         (valid_token(token) && dir.parent()? == root.join("ingest")).then(|| token.to_string())
     }
 
-    /// The token of `dir` when it is an ingest directory of this store.
-    pub fn ingest_token(&self, dir: &Path) -> Option<String> {
-        let token = dir.file_name()?.to_str()?;
-        let parent = dir.parent()?.canonicalize().ok()?;
-        (valid_token(token) && parent == self.root.join("ingest").canonicalize().ok()?)
-            .then(|| token.to_string())
-    }
-
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf> {
         let hex = oci::sha256_hex_of(digest)
             .ok_or_else(|| store_error(&self.root, format!("{digest:?} is not a sha256 digest")))?;
@@ -339,11 +331,6 @@ impl Store {
             ));
         }
         Ok(bytes)
-    }
-
-    /// Whether the store holds snapshot `digest` (its manifest blob).
-    pub fn has_snapshot(&self, digest: &str) -> bool {
-        self.blob_path(digest).is_ok_and(|p| p.exists())
     }
 
     /// Snapshot `digest`: its manifest, chalk manifest and spec, each checked, and its files
@@ -877,7 +864,10 @@ mod tests {
             &[("checkpoint.img", b"state"), ("pages.img", b"pages")],
         );
         let dir = ingest.dir().to_path_buf();
-        assert_eq!(store.ingest_token(&dir).as_deref(), Some(token.as_str()));
+        assert_eq!(
+            Store::ingest_token_under(store.root(), &dir).as_deref(),
+            Some(token.as_str())
+        );
         let c = commit(&store, ingest);
         assert!(!dir.exists(), "the ingest directory goes once committed");
         assert_eq!(c.stored, 10);
@@ -977,7 +967,7 @@ mod tests {
         store.remove_ref("default+b").unwrap();
         let report = store.gc(&[]).unwrap();
         assert_eq!(report.blobs_removed, 2, "{report:?}"); // its manifest, its chalk manifest
-        assert!(!store.has_snapshot(&b.manifest.digest));
+        assert!(!store.blob_path(&b.manifest.digest).unwrap().exists());
         assert_eq!(
             fs::read(restoring.dir().join("pages.img")).unwrap(),
             b"bbbb"
@@ -995,7 +985,7 @@ mod tests {
         store.gc(std::slice::from_ref(&a.manifest.digest)).unwrap();
         assert!(store.open_snapshot(&a.manifest.digest).is_ok());
         store.gc(&[]).unwrap();
-        assert!(!store.has_snapshot(&a.manifest.digest));
+        assert!(!store.blob_path(&a.manifest.digest).unwrap().exists());
         drop(live);
         store.gc(&[]).unwrap();
         assert_eq!(store.usage(), 0);
@@ -1009,9 +999,9 @@ mod tests {
         assert!(store.begin_ingest(".hidden").is_err());
         assert!(store.blob_path("sha256:../../etc").is_err());
         assert!(Store::open(Path::new("relative")).is_err());
-        assert!(store
-            .ingest_token(Path::new("/elsewhere/default+x"))
-            .is_none());
+        assert!(
+            Store::ingest_token_under(store.root(), Path::new("/elsewhere/default+x")).is_none()
+        );
         let _held = store.begin_ingest("default+same").unwrap();
         assert!(store.begin_ingest("default+same").is_err());
         // A blob that is no snapshot manifest.

@@ -58,12 +58,16 @@ impl Sandboxes {
         let asked = want.image_path.unwrap_or_else(|| PathBuf::from(path));
         // An ingest directory of the store: the snapshot is stored as blobs once sealed.
         let ingest = match Store::ingest_token_under(&c.snapshot.store, &asked) {
-            Some(token) => Some(Store::open(&c.snapshot.store)?.begin_ingest(&token)?),
+            Some(token) => {
+                let store = Store::open(&c.snapshot.store)?;
+                let ingest = store.begin_ingest(&token)?;
+                Some((store, ingest))
+            }
             None => None,
         };
         let dir = ingest
             .as_ref()
-            .map_or(asked.clone(), |i| i.dir().to_path_buf());
+            .map_or(asked.clone(), |(_, i)| i.dir().to_path_buf());
         if ingest.is_none() {
             dir::prepare(&dir).map_err(ShimError::FailedPrecondition)?;
         }
@@ -162,7 +166,7 @@ impl Sandboxes {
         }
         let before_store = started.elapsed();
         let stored = match ingest {
-            Some(ingest) => Some(self.store_snapshot(&c, ingest, kind)?),
+            Some((store, ingest)) => Some(self.store_snapshot(&c, &store, ingest, kind)?),
             None => None,
         };
         // containerd 1.6 ignores a non-runc shim's image_path and stores what its own
@@ -208,9 +212,14 @@ impl Sandboxes {
 
     /// Moves a sealed checkpoint into the store as blobs, with containerd's spec of the
     /// container and its base image as the manifest's subject; the ref is written last.
-    fn store_snapshot(&self, c: &Container, ingest: Ingest, kind: Kind) -> Result<Committed> {
+    fn store_snapshot(
+        &self,
+        c: &Container,
+        store: &Store,
+        ingest: Ingest,
+        kind: Kind,
+    ) -> Result<Committed> {
         let facts = self.records().snapshot_facts(&c.id)?;
-        let store = Store::open(&c.snapshot.store)?;
         let annotations = BTreeMap::from([
             (
                 "io.chalk.snapshot.kind".to_string(),
