@@ -9,22 +9,24 @@ use containerd_client::{
         container::Runtime,
         containers_client::ContainersClient,
         content_client::ContentClient,
+        diff_client::DiffClient,
         images_client::ImagesClient,
         leases_client::LeasesClient,
         snapshots::{
-            snapshots_client::SnapshotsClient, MountsRequest, PrepareSnapshotRequest,
-            RemoveSnapshotRequest,
+            snapshots_client::SnapshotsClient, CommitSnapshotRequest, MountsRequest,
+            PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
         },
         tasks_client::TasksClient,
-        CheckpointTaskRequest, Container, CreateContainerRequest, CreateImageRequest,
+        ApplyRequest, CheckpointTaskRequest, Container, CreateContainerRequest, CreateImageRequest,
         CreateRequest as CreateLease, CreateTaskRequest, DeleteContainerRequest,
         DeleteImageRequest, DeleteRequest as DeleteLease, DeleteTaskRequest, GetContainerRequest,
-        GetImageRequest, GetRequest as GetTaskRequest, Image, KillRequest, ListContainersRequest,
-        ListImagesRequest, ReadContentRequest, StartRequest, UpdateContainerRequest,
-        UpdateImageRequest, WriteAction, WriteContentRequest,
+        GetImageRequest, GetRequest as GetTaskRequest, Image, Info as ContentInfo,
+        InfoRequest as ContentInfoRequest, KillRequest, ListContainersRequest, ListImagesRequest,
+        ReadContentRequest, StartRequest, UpdateContainerRequest, UpdateImageRequest,
+        UpdateRequest as UpdateContentRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
-    types::Descriptor,
+    types::{Descriptor, Mount},
     with_namespace,
 };
 
@@ -88,14 +90,19 @@ impl Client {
         self.config = Some(path);
     }
 
-    /// The snapshot store the shim's `[snapshot] store` option names, opened (made if need be).
-    pub fn store(&self) -> Result<chalk_runtime::snapshot::store::Store> {
+    /// The shim's runtime options (`--config`, else the ones it reads by default).
+    pub fn options(&self) -> Result<chalk_runtime::options::RuntimeOptions> {
         use chalk_runtime::options::RuntimeOptions;
-        let opts = match &self.config {
+        match &self.config {
             Some(path) => RuntimeOptions::load(path),
             None => RuntimeOptions::load_default(),
         }
-        .map_err(|e| Error::from(e.to_string()))?;
+        .map_err(|e| Error::from(e.to_string()))
+    }
+
+    /// The snapshot store the shim's `[snapshot] store` option names, opened (made if need be).
+    pub fn store(&self) -> Result<chalk_runtime::snapshot::store::Store> {
+        let opts = self.options()?;
         chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)
             .map_err(|e| Error::from(e.to_string()))
     }
@@ -335,17 +342,37 @@ impl Client {
             chalk_runtime::snapshot::hash::sha256_hex(&data)
         );
         let size = data.len() as i64;
-        let commit = WriteContentRequest {
-            action: WriteAction::Commit as i32,
-            r#ref: format!("chalkctl-{digest}"),
-            total: size,
-            expected: digest.clone(),
-            offset: 0,
-            data,
-            labels,
+        // In pieces: containerd takes gRPC messages of 16 MiB at most.
+        const PIECE: usize = 4 << 20;
+        let pieces: Vec<&[u8]> = if data.is_empty() {
+            vec![&[][..]]
+        } else {
+            data.chunks(PIECE).collect()
         };
+        let last = pieces.len() - 1;
+        let messages: Vec<WriteContentRequest> = pieces
+            .into_iter()
+            .enumerate()
+            .map(|(i, piece)| WriteContentRequest {
+                action: if i == last {
+                    WriteAction::Commit as i32
+                } else {
+                    WriteAction::Write as i32
+                },
+                r#ref: format!("chalkctl-{digest}"),
+                total: size,
+                expected: digest.clone(),
+                offset: (i * PIECE) as i64,
+                data: piece.to_vec(),
+                labels: if i == last {
+                    labels.clone()
+                } else {
+                    HashMap::new()
+                },
+            })
+            .collect();
         let mut client = ContentClient::new(self.channel.clone());
-        let req = self.req(tokio_stream::iter(vec![commit]));
+        let req = self.req(tokio_stream::iter(messages));
         let written = self.rt.block_on(async {
             let mut stream = client.write(req).await?.into_inner();
             while stream.message().await?.is_some() {}
@@ -362,6 +389,38 @@ impl Client {
             size,
             annotations: HashMap::new(),
         })
+    }
+
+    /// Whether the content store holds blob `digest`.
+    pub fn has_blob(&self, digest: &str) -> Result<bool> {
+        let req = self.req(ContentInfoRequest {
+            digest: digest.to_string(),
+        });
+        match self
+            .rt
+            .block_on(ContentClient::new(self.channel.clone()).info(req))
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Code::NotFound => Ok(false),
+            Err(e) => Err(describe(&format!("look up {digest}"), e)),
+        }
+    }
+
+    /// Adds `labels` to blob `digest` (the others stay).
+    pub fn label_blob(&self, digest: &str, labels: HashMap<String, String>) -> Result<()> {
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        let req = self.req(UpdateContentRequest {
+            info: Some(ContentInfo {
+                digest: digest.to_string(),
+                labels,
+                ..Default::default()
+            }),
+            update_mask: Some(prost_types::FieldMask { paths }),
+        });
+        self.rt
+            .block_on(ContentClient::new(self.channel.clone()).update(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("label {digest}"), e))
     }
 
     /// The whole of blob `digest`, checked against its digest: a snapshot is named by the
@@ -412,6 +471,66 @@ impl Client {
             .block_on(SnapshotsClient::new(self.channel.clone()).prepare(req))
             .map(drop)
             .map_err(|e| describe(&format!("prepare the root filesystem of {key}"), e))
+    }
+
+    /// Whether snapshot `key` (a committed layer's chain id, say) exists in `snapshotter`.
+    pub fn snapshot_exists(&self, snapshotter: &str, key: &str) -> Result<bool> {
+        let req = self.req(StatSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+        });
+        match self
+            .rt
+            .block_on(SnapshotsClient::new(self.channel.clone()).stat(req))
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Code::NotFound => Ok(false),
+            Err(e) => Err(describe(&format!("look up snapshot {key}"), e)),
+        }
+    }
+
+    /// A new active snapshot `key` on `parent`, and the mounts to write into it.
+    pub fn prepare_mounts(&self, snapshotter: &str, key: &str, parent: &str) -> Result<Vec<Mount>> {
+        let req = self.req(PrepareSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+            parent: parent.to_string(),
+            labels: HashMap::new(),
+        });
+        self.rt
+            .block_on(SnapshotsClient::new(self.channel.clone()).prepare(req))
+            .map(|r| r.into_inner().mounts)
+            .map_err(|e| describe(&format!("prepare snapshot {key}"), e))
+    }
+
+    pub fn commit_snapshot(&self, snapshotter: &str, name: &str, key: &str) -> Result<()> {
+        let req = self.req(CommitSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            name: name.to_string(),
+            key: key.to_string(),
+            labels: HashMap::new(),
+        });
+        self.rt
+            .block_on(SnapshotsClient::new(self.channel.clone()).commit(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("commit snapshot {name}"), e))
+    }
+
+    /// Unpacks image layer `layer` (from the content store) onto `mounts` with containerd's
+    /// own differ: the descriptor of what it applied (its uncompressed digest).
+    pub fn apply_layer(&self, layer: &Descriptor, mounts: Vec<Mount>) -> Result<Descriptor> {
+        let req = self.req(ApplyRequest {
+            diff: Some(layer.clone()),
+            mounts,
+            payloads: HashMap::new(),
+            sync_fs: false,
+        });
+        self.rt
+            .block_on(DiffClient::new(self.channel.clone()).apply(req))
+            .map_err(|e| describe(&format!("unpack layer {}", layer.digest), e))?
+            .into_inner()
+            .applied
+            .ok_or_else(|| Error::from(format!("unpack layer {}: no answer", layer.digest)))
     }
 
     pub fn remove_snapshot(&self, snapshotter: &str, key: &str) {

@@ -52,6 +52,10 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound { .. })
     }
+
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, Error::Containerd { status, .. } if status.code() == Code::AlreadyExists)
+    }
 }
 
 impl From<String> for Error {

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Instant};
 
 use chalk_runtime::snapshot::{hash::sha256_hex, manifest::PodMember, Manifest};
 
-use crate::registry::Status;
+use crate::registry::{Snapshot, Status};
 use containerd_client::{
     services::v1::{container::Runtime, Container},
     types::Descriptor,
@@ -178,17 +178,27 @@ pub(crate) fn image_config(client: &Client, target: &Descriptor) -> Result<(Valu
         .flatten()
         .filter_map(Value::as_str)
         .collect();
-    let mut chain = diff_ids
-        .first()
-        .ok_or("the image has no layers")?
-        .to_string();
-    for diff in &diff_ids[1..] {
-        chain = format!(
-            "sha256:{}",
-            sha256_hex(format!("{chain} {diff}").as_bytes())
-        );
-    }
+    let chain = chain_ids(&diff_ids)
+        .pop()
+        .ok_or("the image has no layers")?;
     Ok((config, chain))
+}
+
+/// The chain id of each layer of an image whose layers have `diff_ids` (the name of the
+/// snapshot that layer and those below it unpack to), bottom first.
+pub(crate) fn chain_ids(diff_ids: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for diff in diff_ids {
+        let next = match out.last() {
+            None => diff.to_string(),
+            Some(below) => format!(
+                "sha256:{}",
+                sha256_hex(format!("{below} {diff}").as_bytes())
+            ),
+        };
+        out.push(next);
+    }
+    out
 }
 
 /// The ids of `count` forks: `id` for one, `id-1`.. for several; `<sandbox>-fork-<time>` by
@@ -254,7 +264,7 @@ pub fn fork(
             .into())
         }
     }
-    let mut p = parts(client, &snap.digest)?;
+    let mut p = parts(client, &snap.index)?;
     p.source = snap.sandbox_id.clone();
     p.members = pod_members(p.manifest.as_ref())?;
     p.lifetime = opts.clone();
@@ -501,13 +511,62 @@ pub fn resume(client: &mut Client, id: &str, progress: &Progress) -> Result<(Str
     let Some(digest) = container.labels.get(snapshots::SUSPENDED_FROM).cloned() else {
         return Err(format!("sandbox {id} is not suspended").into());
     };
-    let p = parts(client, &digest)?;
+    let p = parts(client, &snapshots::find(client, &digest)?.index)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
     let pid = progress.during(&format!("restoring {id} from {}", short(&digest)), || {
         client.start_task(&container, Some(&p.checkpoint))
     })?;
     client.set_container_label(id, snapshots::SUSPENDED_FROM, None)?;
     Ok((digest, pid))
+}
+
+/// Set on a sandbox made again on a host that did not know it: the snapshot it resumed from.
+pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
+
+/// Brings the sandbox snapshot `snap` was taken of back under its own id on a host that has
+/// no record of it (its suspend snapshot pulled from a registry): its container is made again
+/// from the snapshot (spec, image by digest, snapshotter) and restored. Undone whole when the
+/// restore fails.
+pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) -> Result<u32> {
+    let mut p = parts(client, &snap.index)?;
+    if !pod_members(p.manifest.as_ref())?.is_empty() {
+        return Err(format!(
+            "snapshot {} is of a pod: a pod resumes on the host that ran it; fork it here              instead (chalkctl fork --snapshot-id)",
+            short(&snap.digest)
+        )
+        .into());
+    }
+    let id = p
+        .manifest
+        .as_ref()
+        .map_or(snap.sandbox_id.clone(), |m| m.source.container_id.clone());
+    chalk_runtime::ids::container_id(&id).map_err(|e| Error::from(e.to_string()))?;
+    p.source = snap.sandbox_id.clone();
+    client.lease(&format!("chalkctl-resume-{id}"))?;
+    let spec: Value = serde_json::from_slice(&p.spec.value)
+        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
+    let image = format!("{}@{}", p.image, p.base.digest);
+    let mut container = fork_container(&p, &id, image, &p.base.digest, &spec, &snap.digest)?;
+    container.labels.remove(FORKED_FROM);
+    container.labels.remove(PARENT_SANDBOX);
+    container
+        .labels
+        .insert(RESUMED_FROM.to_string(), snap.digest.clone());
+    client.prepare_snapshot(&p.snapshotter, &id, &p.chain_id)?;
+    if let Err(e) = client.create_container(container.clone()) {
+        client.remove_snapshot(&p.snapshotter, &id);
+        return Err(e);
+    }
+    let started = progress.during(
+        &format!("restoring {id} from {}", short(&snap.digest)),
+        || client.start_task(&container, Some(&p.checkpoint)),
+    );
+    if started.is_err() {
+        client.kill_and_delete_task(&id);
+        client.delete_container(&id);
+        client.remove_snapshot(&p.snapshotter, &id);
+    }
+    started
 }
 
 /// The first 12 hex digits of a digest, as `ctr` and `docker` shorten ids.

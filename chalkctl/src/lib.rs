@@ -8,6 +8,8 @@ pub mod error;
 pub mod fork;
 pub mod progress;
 pub mod registry;
+#[cfg(feature = "remote")]
+pub mod remote;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;

@@ -8,6 +8,7 @@ use chalkctl::{
     fork,
     progress::Progress,
     registry::{self, Filter, Status},
+    remote::{self, hosts, moves, pull, push},
     run, sandboxes, snapshots, tree, Error, Result,
 };
 use clap::{Parser, Subcommand, ValueEnum};
@@ -76,11 +77,16 @@ enum Command {
     /// reported on its own.
     Fork {
         /// The snapshot to fork.
-        #[arg(long, required_unless_present = "id")]
+        #[arg(long, required_unless_present_any = ["id", "snapshot"])]
         snapshot_id: Option<String>,
         /// The running sandbox to fork (instead of --snapshot-id).
         #[arg(long)]
         id: Option<String>,
+        /// A snapshot in a registry to fork (pulled first: only what this host lacks).
+        #[arg(long, value_name = "REF", conflicts_with_all = ["id", "snapshot_id"])]
+        snapshot: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
         /// The new sandbox's id (with --count N: ID-1 .. ID-N); `<source>-fork-<time>` by
         /// default.
         #[arg(long)]
@@ -124,12 +130,53 @@ enum Command {
     Suspend {
         #[arg(long)]
         id: String,
+        /// Also push the snapshot to this registry reference (repo:tag).
+        #[arg(long, value_name = "REF")]
+        to: Option<String>,
+        /// With --to: delete the local copy once the registry has it (the node keeps only
+        /// the sandbox's record).
+        #[arg(long, requires = "to")]
+        release: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
     },
-    /// The same sandbox id running again from where it was suspended.
+    /// The same sandbox id running again from where it was suspended (on another host: give
+    /// --from, the reference it was suspended to).
     Resume {
         #[arg(long)]
         id: String,
+        /// Pull the snapshot from this registry reference when this host lacks it.
+        #[arg(long, value_name = "REF")]
+        from: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
     },
+}
+
+/// How to reach a registry (as ctr and containerd do).
+#[derive(clap::Args, Clone)]
+struct RegistryArgs {
+    /// containerd's registry hosts directory: <host[:port]>/hosts.toml for mirrors, CA files
+    /// and skip_verify.
+    #[arg(long, env = "CHALK_HOSTS_DIR", default_value = hosts::DEFAULT_DIR)]
+    hosts_dir: std::path::PathBuf,
+    /// Plain HTTP to a registry that hosts.toml does not describe (HTTPS otherwise).
+    #[arg(long)]
+    plain_http: bool,
+    /// Registry credentials, user[:password] (the password is read from stdin when left
+    /// out); the docker config.json's otherwise.
+    #[arg(long, short = 'u', value_name = "USER[:PASSWORD]")]
+    user: Option<String>,
+}
+
+impl RegistryArgs {
+    fn access(&self) -> remote::Access {
+        remote::Access {
+            hosts_dir: self.hosts_dir.clone(),
+            plain_http: self.plain_http,
+            user: self.user.clone(),
+        }
+    }
 }
 
 /// A sandbox's lifetime (`run`; `fork` overrides the one its forks inherit).
@@ -192,6 +239,23 @@ enum SnapshotCommand {
     Delete {
         #[arg(long)]
         snapshot_id: String,
+    },
+    /// Push a snapshot to an OCI registry (with its base image when the repository lacks
+    /// it); blobs the registry has are not sent again. Prints REF@digest.
+    Push {
+        #[arg(long)]
+        snapshot_id: String,
+        /// Where: host[:port]/repository[:tag].
+        reference: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Pull a snapshot from an OCI registry into this host (only the blobs it lacks, each
+    /// checked by digest), after checking this host can restore it. Prints its id.
+    Pull {
+        reference: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
     },
 }
 
@@ -305,6 +369,8 @@ fn run(cli: &Cli) -> Result<Value> {
         Command::Fork {
             snapshot_id,
             id,
+            snapshot,
+            registry,
             fork_id,
             count,
             keep_snapshot,
@@ -316,6 +382,15 @@ fn run(cli: &Cli) -> Result<Value> {
                 on_timeout: lifetime.on_timeout.clone(),
                 force: *force,
             };
+            let pulled = match snapshot {
+                Some(reference) => Some(
+                    pull::pull(&mut client, &registry.access(), reference, &progress)?
+                        .snapshot
+                        .digest,
+                ),
+                None => None,
+            };
+            let snapshot_id = &pulled.or(snapshot_id.clone());
             let (forks, snapshot) = match (snapshot_id, id) {
                 (Some(_), Some(_)) => {
                     return Err(
@@ -364,7 +439,7 @@ fn run(cli: &Cli) -> Result<Value> {
                     }
                     (forks?, Some((snap.digest, *keep_snapshot)))
                 }
-                (None, None) => return Err("give --snapshot-id or --id".into()),
+                (None, None) => return Err("give --snapshot-id, --snapshot REF or --id".into()),
             };
             let failed = forks.iter().filter(|f| f.pid.is_err()).count();
             if table {
@@ -472,7 +547,30 @@ fn run(cli: &Cli) -> Result<Value> {
             }
             Ok(s)
         }
-        Command::Suspend { id } => {
+        Command::Suspend {
+            id,
+            to: Some(to),
+            release,
+            registry,
+        } => {
+            let done =
+                moves::suspend_to(&mut client, &registry.access(), id, to, *release, &progress)?;
+            progress.step(&format!(
+                "{id} suspended to {} in {}",
+                done.pushed.reference,
+                progress.elapsed()
+            ));
+            if table {
+                println!("{}", done.pushed.reference);
+            }
+            let mut out = snapshots::to_json(&done.snapshot);
+            out["elapsed_ms"] = progress.elapsed_ms().into();
+            Ok(json!({"id": id, "status": "suspended", "snapshot": out,
+                      "pushed": {"reference": done.pushed.reference,
+                                 "transfer": done.pushed.transfer.to_json()},
+                      "released": done.released.map(|g| json!({"freed_bytes": g.bytes_freed}))}))
+        }
+        Command::Suspend { id, .. } => {
             let snap = snapshots::create(&mut client, id, Vec::new(), true, &progress)?;
             progress.step(&format!("{id} suspended in {}", progress.elapsed()));
             if table {
@@ -482,15 +580,54 @@ fn run(cli: &Cli) -> Result<Value> {
             out["elapsed_ms"] = progress.elapsed_ms().into();
             Ok(json!({"id": id, "status": "suspended", "snapshot": out}))
         }
-        Command::Resume { id } => {
-            let (snapshot, pid) = fork::resume(&mut client, id, &progress)?;
+        Command::Resume { id, from, registry } => {
+            let (snapshot, pid, pulled) = moves::resume_from(
+                &mut client,
+                &registry.access(),
+                id,
+                from.as_deref(),
+                &progress,
+            )?;
             if table {
                 println!("{id} running again (pid {pid}) in {}", progress.elapsed());
             }
             Ok(
                 json!({"id": id, "status": "running", "pid": pid, "snapshot": snapshot,
+                      "pulled": pulled.map(|p| p.transfer.to_json()),
                       "elapsed_ms": progress.elapsed_ms()}),
             )
+        }
+        Command::Snapshot(SnapshotCommand::Push {
+            snapshot_id,
+            reference,
+            registry,
+        }) => {
+            let pushed = push::push(
+                &client,
+                &registry.access(),
+                snapshot_id,
+                reference,
+                &progress,
+            )?;
+            if table {
+                println!("{}", pushed.reference);
+            }
+            Ok(json!({"id": pushed.id, "reference": pushed.reference,
+                      "transfer": pushed.transfer.to_json(),
+                      "elapsed_ms": progress.elapsed_ms()}))
+        }
+        Command::Snapshot(SnapshotCommand::Pull {
+            reference,
+            registry,
+        }) => {
+            let pulled = pull::pull(&mut client, &registry.access(), reference, &progress)?;
+            if table {
+                println!("{}", pulled.snapshot.digest);
+            }
+            let mut out = snapshots::to_json(&pulled.snapshot);
+            out["transfer"] = pulled.transfer.to_json();
+            out["elapsed_ms"] = progress.elapsed_ms().into();
+            Ok(out)
         }
         Command::Snapshot(SnapshotCommand::Delete { snapshot_id }) => {
             let snap = snapshots::find(&client, snapshot_id)?;

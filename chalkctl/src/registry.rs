@@ -13,6 +13,9 @@ pub const LABEL_SANDBOX: &str = "chalk.io/sandbox-id";
 pub const LABEL_STATUS: &str = "chalk.io/status";
 pub const LABEL_ERROR: &str = "chalk.io/error";
 pub const LABEL_CREATED: &str = "chalk.io/created";
+/// A completed snapshot's id: the digest of its OCI manifest, the same on every host (the
+/// record's target is the index that `ctr container restore` reads).
+pub const LABEL_ID: &str = "chalk.io/snapshot-id";
 /// The image the snapshot restores onto, as `name@digest`.
 pub const LABEL_BASE: &str = "chalk.io/base-image";
 /// User labels are stored under this prefix, so they never collide with the ones above.
@@ -67,8 +70,10 @@ impl std::fmt::Display for Status {
 pub struct Snapshot {
     /// The image record's name.
     pub name: String,
-    /// The digest of the snapshot's index: its id once completed.
+    /// The snapshot's id once completed: its OCI manifest's digest.
     pub digest: String,
+    /// The digest of the index the record points at (what a restore is given).
+    pub index: String,
     pub sandbox_id: String,
     pub status: Status,
     /// RFC 3339; orders the registry.
@@ -79,10 +84,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads a snapshot from an image record; None when the record is not a snapshot.
+    /// Reads a snapshot from an image record (`target` the digest it points at); None when
+    /// the record is not a snapshot. Records made before ids were manifest digests go by
+    /// their index's digest.
     pub fn from_record(
         name: &str,
-        digest: &str,
+        target: &str,
         labels: &BTreeMap<String, String>,
     ) -> Option<Snapshot> {
         if labels.get(LABEL_SNAPSHOT).map(String::as_str) != Some("true") {
@@ -94,7 +101,11 @@ impl Snapshot {
             .unwrap_or(Status::Failed);
         Some(Snapshot {
             name: name.to_string(),
-            digest: digest.to_string(),
+            digest: labels
+                .get(LABEL_ID)
+                .cloned()
+                .unwrap_or_else(|| target.to_string()),
+            index: target.to_string(),
             sandbox_id: labels.get(LABEL_SANDBOX).cloned().unwrap_or_default(),
             status,
             created: labels.get(LABEL_CREATED).cloned().unwrap_or_default(),
@@ -125,6 +136,9 @@ impl Snapshot {
         }
         if let Some(b) = &self.base_image {
             out.insert(LABEL_BASE.into(), b.clone());
+        }
+        if !self.digest.is_empty() && self.digest != self.index {
+            out.insert(LABEL_ID.into(), self.digest.clone());
         }
         out
     }
@@ -255,6 +269,7 @@ mod tests {
         Snapshot {
             name: record_name(sandbox, &created),
             digest: format!("sha256:{i:064x}"),
+            index: format!("sha256:{:064x}", i + 1000),
             sandbox_id: sandbox.into(),
             status,
             created,
@@ -273,7 +288,7 @@ mod tests {
         let labels = s.to_labels();
         assert_eq!(labels[LABEL_STATUS], "failed");
         assert_eq!(labels["chalk.io/label.status"], "mine");
-        let back = Snapshot::from_record(&s.name, &s.digest, &labels).unwrap();
+        let back = Snapshot::from_record(&s.name, &s.index, &labels).unwrap();
         assert_eq!(back, s);
         assert!(Snapshot::from_record("x", "d", &BTreeMap::new()).is_none());
     }

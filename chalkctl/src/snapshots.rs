@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use chalk_runtime::snapshot::{
     manifest::ImageRef,
     oci,
-    store::{GcReport, Pointer, Store, POINTER},
+    store::{GcReport, Pointer, Store, Stored, POINTER},
     Manifest,
 };
 
@@ -70,6 +70,7 @@ pub fn begin(
     let snap = Snapshot {
         name: registry::record_name(id, &created),
         digest: String::new(),
+        index: String::new(),
         sandbox_id: id.to_string(),
         status,
         created,
@@ -156,10 +157,11 @@ pub fn finish(
         checkpoint_into_store(client, &id, &snap.name, &snap.created, suspend)
     });
     match index {
-        Ok((index, size)) => {
+        Ok((index, manifest, size)) => {
             progress.step(&format!("stored {} of checkpoint", megabytes(size)));
             snap.status = Status::Completed;
-            snap.digest = index.digest.clone();
+            snap.digest = manifest;
+            snap.index = index.digest.clone();
             client.update_image(record(&snap, index))?;
             if suspend {
                 client.set_container_label(&id, SUSPENDED_FROM, Some(&snap.digest))?;
@@ -195,7 +197,7 @@ pub fn megabytes(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
-fn record(snap: &Snapshot, target: Descriptor) -> Image {
+pub(crate) fn record(snap: &Snapshot, target: Descriptor) -> Image {
     Image {
         name: snap.name.clone(),
         labels: snap.to_labels().into_iter().collect(),
@@ -209,15 +211,15 @@ fn record(snap: &Snapshot, target: Descriptor) -> Image {
 /// the snapshot's OCI manifest and ref), then stores the index the record points at, in the
 /// form `ctr container restore` reads: a pointer to the stored snapshot as its checkpoint
 /// (a few hundred bytes), the spec, the base image and the snapshot's OCI manifest, each kept
-/// from containerd's garbage collector by the index's labels. Returns the index and the
-/// checkpoint's size.
+/// from containerd's garbage collector by the index's labels. Returns the index, the stored
+/// snapshot's manifest digest (the snapshot's id) and the checkpoint's size.
 fn checkpoint_into_store(
     client: &Client,
     id: &str,
     record: &str,
     created: &str,
     exit: bool,
-) -> Result<(Descriptor, u64)> {
+) -> Result<(Descriptor, String, u64)> {
     let store = client.store()?;
     let token = Store::token(client.namespace(), record);
     let container = client.container(id)?;
@@ -244,6 +246,14 @@ fn checkpoint_into_store(
     let stored = store
         .open_snapshot(&r.manifest)
         .map_err(|e| Error::from(e.to_string()))?;
+    let index = record_index(client, &stored, &container.snapshotter)?;
+    Ok((index, r.manifest, stored.manifest.total_size()))
+}
+
+/// Stores the index a snapshot record points at for stored snapshot `stored` (see
+/// [`checkpoint_into_store`]); the same snapshot gives the same index on every host.
+/// `snapshotter` is used when the snapshot does not name its own.
+pub fn record_index(client: &Client, stored: &Stored, snapshotter: &str) -> Result<Descriptor> {
     let base = stored
         .layout
         .subject
@@ -254,15 +264,11 @@ fn checkpoint_into_store(
         stored.manifest_bytes.clone(),
         HashMap::from([(BASE_REF.to_string(), base.digest.clone())]),
     )?;
-    let pointer = client.write_blob(CHECKPOINT_TAR, pointer_tar(&r.manifest)?, HashMap::new())?;
-    let spec_type = stored
-        .oci
-        .annotations
-        .get(SPEC_TYPE_ANNOTATION)
-        .cloned()
-        .unwrap_or_default();
+    let pointer =
+        client.write_blob(CHECKPOINT_TAR, pointer_tar(&stored.digest)?, HashMap::new())?;
+    let note = |k: &str| stored.oci.annotations.get(k).cloned().unwrap_or_default();
     let spec = prost_types::Any {
-        type_url: spec_type,
+        type_url: note(SPEC_TYPE_ANNOTATION),
         value: stored.spec.clone(),
     };
     let spec = client.write_blob(
@@ -275,6 +281,10 @@ fn checkpoint_into_store(
         .image
         .as_ref()
         .map_or("", |i| ImageRef::unpinned(&i.name));
+    let snapshotter = match note(SNAPSHOTTER_ANNOTATION) {
+        s if s.is_empty() => snapshotter.to_string(),
+        s => s,
+    };
     let platform = json!({"os": "linux", "architecture": oci_arch()});
     let manifests = vec![
         json!({"mediaType": pointer.media_type, "digest": pointer.digest, "size": pointer.size,
@@ -292,7 +302,7 @@ fn checkpoint_into_store(
         "annotations": {
             "org.opencontainers.image.ref.name": image,
             "io.containerd.checkpoint.runtime": RUNTIME,
-            "io.containerd.checkpoint.snapshotter": container.snapshotter,
+            "io.containerd.checkpoint.snapshotter": snapshotter,
         },
     });
     let labels = manifests
@@ -304,10 +314,7 @@ fn checkpoint_into_store(
         })
         .collect();
     let bytes = serde_json::to_vec(&index).map_err(|e| Error::from(e.to_string()))?;
-    Ok((
-        client.write_blob(INDEX, bytes, labels)?,
-        stored.manifest.total_size(),
-    ))
+    client.write_blob(INDEX, bytes, labels)
 }
 
 /// The one-file checkpoint tar that names stored snapshot `digest` (the same bytes for the
@@ -363,7 +370,9 @@ pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
             let digest = i.target.as_ref().map(|t| t.digest.as_str()).unwrap_or("");
             let mut s = Snapshot::from_record(&i.name, digest, &labels)?;
             if s.status != Status::Completed {
-                s.digest.clear(); // the target is the base image until completed
+                // The target is the base image until completed.
+                s.digest.clear();
+                s.index.clear();
             }
             Some(s)
         })
@@ -439,9 +448,11 @@ pub fn collect(client: &Client, store: &Store) -> Result<GcReport> {
                 .map_err(|e| Error::from(e.to_string()))?;
         }
     }
+    // A sandbox suspended to a registry and released resumes from there, not from the store.
     let suspended: Vec<String> = client
         .containers()?
         .into_iter()
+        .filter(|c| !c.labels.contains_key(RELEASED_TO))
         .filter_map(|c| c.labels.get(SUSPENDED_FROM).cloned())
         .collect();
     store.gc(&suspended).map_err(|e| Error::from(e.to_string()))
@@ -449,13 +460,28 @@ pub fn collect(client: &Client, store: &Store) -> Result<GcReport> {
 
 /// The label a suspended sandbox carries: the snapshot it resumes from.
 pub const SUSPENDED_FROM: &str = "chalk.io/suspended-from";
+/// The label of a suspended sandbox whose snapshot was pushed and its local copy released:
+/// the registry reference it resumes from.
+pub const RELEASED_TO: &str = "chalk.io/released-to";
+
+/// `delete` for the snapshot of a sandbox suspended to a registry: the record and the store's
+/// copy go although the sandbox resumes from it, since the registry holds it (the caller
+/// labelled the sandbox with [`RELEASED_TO`] first).
+pub fn delete_released(client: &Client, snap: &Snapshot) -> Result<GcReport> {
+    client.delete_image(&snap.name)?;
+    let store = client.store()?;
+    store
+        .remove_ref(&Store::token(client.namespace(), &snap.name))
+        .map_err(|e| Error::from(e.to_string()))?;
+    collect(client, &store)
+}
 
 /// The manifest's main fields, read from the stored checkpoint.
 pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
     if snap.status != Status::Completed {
         return Ok(Value::Null);
     }
-    let m = stored_manifest(client, &snap.digest)?
+    let m = stored_manifest(client, &snap.index)?
         .ok_or("the checkpoint holds no chalk.manifest.json")?;
     Ok(json!({
         "kind": m.kind,
@@ -479,7 +505,7 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
 pub const SNAPSHOTTER_ANNOTATION: &str = "io.chalk.snapshot.snapshotter";
 pub const SPEC_TYPE_ANNOTATION: &str = "io.chalk.snapshot.spec-type";
 
-/// The chalk manifest of snapshot `digest`: from the store, or from the checkpoint tar of a
+/// The chalk manifest of the snapshot whose index is `digest`: from the store, or from the checkpoint tar of a
 /// snapshot taken before snapshots were stored as blobs (None if that has none, which the
 /// shim refuses at restore).
 pub fn stored_manifest(client: &Client, digest: &str) -> Result<Option<Manifest>> {
@@ -546,6 +572,7 @@ pub(crate) fn tar_entry(client: &Client, digest: &str, name: &str) -> Result<Opt
 pub fn to_json(s: &Snapshot) -> Value {
     json!({
         "id": if s.digest.is_empty() { Value::Null } else { s.digest.clone().into() },
+        "index": if s.index.is_empty() { Value::Null } else { s.index.clone().into() },
         "name": s.name,
         "sandbox_id": s.sandbox_id,
         "status": s.status.as_str(),

@@ -105,6 +105,8 @@ pub enum Setup {
     /// containerd's API only (CRI disabled): what `ctr` and chalkctl need.
     #[default]
     Plain,
+    /// As `Plain`, its shim running this runsc instead of the cell's.
+    Runsc(PathBuf),
     /// With the CRI plugin, the `chalk` handler registered by packaging/install.sh, the pause
     /// image as sandbox image; pods get networks from the CNI plugins in `cni_bin` when set
     /// (else only host-network pods can run).
@@ -171,6 +173,11 @@ impl Containerd {
     /// Starts containerd (`CHALK_CONTAINERD` or `containerd` on PATH) and waits for its socket.
     pub fn start() -> io::Result<Self> {
         Self::start_with(Setup::Plain)
+    }
+
+    /// Starts containerd (API only) whose shim runs `runsc`: a host with another runsc.
+    pub fn start_with_runsc(runsc: &Path) -> io::Result<Self> {
+        Self::start_with(Setup::Runsc(runsc.to_path_buf()))
     }
 
     /// Starts containerd with its CRI plugin, configured by the installer (see [`Setup::Cri`]),
@@ -564,7 +571,11 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
         d.join("runsc").display()
     );
     // CHALK_RUNSC picks another runsc (the test matrix); the packaged file names Debian's.
-    if let Some(runsc) = std::env::var_os("CHALK_RUNSC").filter(|v| !v.is_empty()) {
+    let runsc = match setup {
+        Setup::Runsc(p) => Some(p.clone().into_os_string()),
+        _ => std::env::var_os("CHALK_RUNSC").filter(|v| !v.is_empty()),
+    };
+    if let Some(runsc) = runsc {
         out = out
             .lines()
             .filter(|l| !l.trim_start().starts_with("binary_name"))
@@ -611,7 +622,9 @@ state = "{state}"
         sock = d.join("containerd.sock").display(),
         opt = d.join("opt").display(),
         disabled = match setup {
-            Setup::Plain => "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n",
+            Setup::Plain | Setup::Runsc(_) => {
+                "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n"
+            }
             Setup::Cri { .. } => "",
         },
     );

@@ -11,10 +11,20 @@ use std::{
 /// The registry's config: its store under `dir`, listening on `addr`, with the TLS key pair
 /// `dir/srv.crt` and `dir/srv.key` when `tls`.
 pub fn config(dir: &Path, addr: &str, tls: bool) -> String {
-    let mut c = format!(
-        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+    config_with(dir, addr, tls, &storage_filesystem(dir))
+}
+
+/// Distribution's filesystem storage under `dir/registry`.
+pub fn storage_filesystem(dir: &Path) -> String {
+    format!(
+        "storage:\n  filesystem:\n    rootdirectory: {}\n",
         dir.join("registry").display()
-    );
+    )
+}
+
+/// Like [`config`], with `storage` (a YAML `storage:` block) for the blobs.
+pub fn config_with(dir: &Path, addr: &str, tls: bool, storage: &str) -> String {
+    let mut c = format!("version: 0.1\nlog:\n  level: warn\n{storage}http:\n  addr: {addr}\n");
     if tls {
         let _ = write!(
             c,
@@ -24,6 +34,66 @@ pub fn config(dir: &Path, addr: &str, tls: bool) -> String {
         );
     }
     c
+}
+
+/// A CA (`dir/ca.crt`) and a server key pair it signed (`dir/srv.crt`, `dir/srv.key`) for
+/// `names` and 127.0.0.1, valid two days: a throwaway CA of the test's own.
+pub fn make_certs(dir: &Path, names: &[&str]) -> Result<(), String> {
+    let d = |f: &str| dir.join(f);
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("{what}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(())
+    };
+    run(
+        Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/CN=chalk test CA"])
+            .arg("-keyout")
+            .arg(d("ca.key"))
+            .arg("-out")
+            .arg(d("ca.crt")),
+        "openssl ca",
+    )?;
+    run(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=chalk test registry",
+            ])
+            .arg("-keyout")
+            .arg(d("srv.key"))
+            .arg("-out")
+            .arg(d("srv.csr")),
+        "openssl csr",
+    )?;
+    let mut sans: Vec<String> = names.iter().map(|h| format!("DNS:{h}")).collect();
+    sans.push("IP:127.0.0.1".into());
+    std::fs::write(d("ext.cnf"), format!("subjectAltName={}\n", sans.join(",")))
+        .map_err(|e| e.to_string())?;
+    run(
+        Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+            .arg("-in")
+            .arg(d("srv.csr"))
+            .arg("-CA")
+            .arg(d("ca.crt"))
+            .arg("-CAkey")
+            .arg(d("ca.key"))
+            .arg("-out")
+            .arg(d("srv.crt"))
+            .arg("-extfile")
+            .arg(d("ext.cnf")),
+        "openssl sign",
+    )
 }
 
 /// A background process killed on drop.
@@ -39,14 +109,48 @@ impl Drop for Guard {
 /// Serves a plain-HTTP registry from `binary` on `addr`, its store under `dir`; returns once
 /// it listens (an error if it does not within 10 s). It stops when the guard is dropped.
 pub fn serve_plain(binary: &Path, dir: &Path, addr: &str) -> Result<Guard, String> {
-    let file = dir.join("plain.yml");
-    std::fs::write(&file, config(dir, addr, false)).map_err(|e| e.to_string())?;
+    serve(binary, dir, addr, &config(dir, addr, false), &[])
+}
+
+/// Serves an HTTPS registry on `addr` with certificates from [`make_certs`] in `dir`, blobs
+/// in `storage` (see [`storage_filesystem`]), and HTTP basic auth for `user`:`password`
+/// (bcrypt, in an htpasswd file). `env` goes to its environment (a storage driver's keys).
+pub fn serve_tls(
+    binary: &Path,
+    dir: &Path,
+    addr: &str,
+    storage: &str,
+    (user, password): (&str, &str),
+    env: &[(&str, &str)],
+) -> Result<Guard, String> {
+    let hash = bcrypt::hash(password, 6).map_err(|e| e.to_string())?;
+    let htpasswd = dir.join("htpasswd");
+    std::fs::write(&htpasswd, format!("{user}:{hash}\n")).map_err(|e| e.to_string())?;
+    let config = format!(
+        "{}auth:\n  htpasswd:\n    realm: chalk-test\n    path: {}\n",
+        config_with(dir, addr, true, storage),
+        htpasswd.display()
+    );
+    serve(binary, dir, addr, &config, env)
+}
+
+fn serve(
+    binary: &Path,
+    dir: &Path,
+    addr: &str,
+    config: &str,
+    env: &[(&str, &str)],
+) -> Result<Guard, String> {
+    let file = dir.join(format!("registry-{}.yml", addr.replace(':', "_")));
+    std::fs::write(&file, config).map_err(|e| e.to_string())?;
+    let log = std::fs::File::create(dir.join("registry.log")).map_err(|e| e.to_string())?;
     let guard = Guard(
         Command::new(binary)
             .arg("serve")
             .arg(&file)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .map_err(|e| format!("start registry {}: {e}", binary.display()))?,
     );

@@ -286,24 +286,13 @@ impl Env {
         Ok(())
     }
 
-    /// The stored snapshot that chalkctl snapshot `digest` (its record's index) names: the
-    /// digest and content of its OCI manifest in the snapshot store.
-    pub fn stored_snapshot(&self, digest: &str) -> Result<(String, serde_json::Value), Failed> {
-        let read = |p: PathBuf| -> Result<serde_json::Value, Failed> {
-            let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            serde_json::from_slice(&bytes).map_err(|e| Failed::from(e.to_string()))
-        };
-        let index = read(self.c.content_blob(digest))?;
-        let stored = index["manifests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|m| m["artifactType"] == "application/vnd.chalk.snapshot.v1")
-            .and_then(|m| m["digest"].as_str())
-            .ok_or_else(|| format!("index {digest} names no stored snapshot: {index}"))?
-            .to_string();
-        let m = read(self.store_blob(&stored))?;
-        Ok((stored, m))
+    /// Stored snapshot `id` (a chalkctl snapshot id: its OCI manifest's digest), read from
+    /// the snapshot store: its id and manifest.
+    pub fn stored_snapshot(&self, id: &str) -> Result<(String, serde_json::Value), Failed> {
+        let p = self.store_blob(id);
+        let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let m = serde_json::from_slice(&bytes).map_err(|e| Failed::from(e.to_string()))?;
+        Ok((id.to_string(), m))
     }
 
     /// The file of blob `digest` in the snapshot store.

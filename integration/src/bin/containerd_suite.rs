@@ -82,67 +82,6 @@ fn fill_registry(c: &Containerd, registry: &Path, dir: &Path) -> Result<(), Stri
     Ok(())
 }
 
-fn make_certs(dir: &Path) -> Result<(), String> {
-    let d = |f: &str| dir.join(f);
-    run(
-        Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=chalk suite CA",
-            ])
-            .arg("-keyout")
-            .arg(d("ca.key"))
-            .arg("-out")
-            .arg(d("ca.crt")),
-        "openssl ca",
-    )?;
-    run(
-        Command::new("openssl")
-            .args([
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                "/CN=ghcr.io",
-            ])
-            .arg("-keyout")
-            .arg(d("srv.key"))
-            .arg("-out")
-            .arg(d("srv.csr")),
-        "openssl csr",
-    )?;
-    let sans: Vec<String> = HOSTS.split(' ').map(|h| format!("DNS:{h}")).collect();
-    std::fs::write(
-        d("ext.cnf"),
-        format!("subjectAltName={},IP:127.0.0.1\n", sans.join(",")),
-    )
-    .map_err(|e| e.to_string())?;
-    run(
-        Command::new("openssl")
-            .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
-            .arg("-in")
-            .arg(d("srv.csr"))
-            .arg("-CA")
-            .arg(d("ca.crt"))
-            .arg("-CAkey")
-            .arg(d("ca.key"))
-            .arg("-out")
-            .arg(d("srv.crt"))
-            .arg("-extfile")
-            .arg(d("ext.cnf")),
-        "openssl sign",
-    )
-    .map(drop)
-}
-
 #[derive(Debug)]
 enum Outcome {
     Pass,
@@ -212,7 +151,8 @@ fn run_suite(report: &Path, filter: Option<&str>) -> Result<(), String> {
     let dir = c.dir().join("suite");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     fill_registry(&c, &registry, &dir)?;
-    make_certs(&dir)?;
+    let names: Vec<&str> = HOSTS.split(' ').collect();
+    image_registry::make_certs(&dir, &names)?;
 
     let ns = Netns(format!("chalk-suite-{}", std::process::id()));
     run(

@@ -32,9 +32,10 @@ fn tty(
     TtyTask::start(&e.c.socket(), &e.c.namespace, id, from, size).map_err(Failed::from)
 }
 
-/// The checkpoint in chalkctl snapshot `digest`.
-fn checkpoint_of(e: &Env, digest: &str) -> Result<Descriptor, Failed> {
-    let index = e.c.content_blob(digest);
+/// The checkpoint in chalkctl snapshot `id` (its record's index names it).
+fn checkpoint_of(e: &Env, id: &str) -> Result<Descriptor, Failed> {
+    let snap = e.chalkctl_json(&["snapshot", "get", "--snapshot-id", id])?;
+    let index = e.c.content_blob(snap["index"].as_str().unwrap_or_default());
     let index: serde_json::Value = serde_json::from_slice(
         &std::fs::read(&index).map_err(|e| format!("{}: {e}", index.display()))?,
     )

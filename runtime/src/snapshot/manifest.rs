@@ -64,6 +64,10 @@ pub struct HostInfo {
     pub cpu_vendor: String,
     pub cpu_model: String,
     pub hostname: String,
+    /// The CPU's feature flags (`/proc/cpuinfo`): gVisor refuses to restore a sandbox on a
+    /// CPU that lacks one its source had (empty in manifests written before they were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_flags: Vec<String>,
 }
 
 impl HostInfo {
@@ -88,8 +92,15 @@ impl HostInfo {
             cpu_vendor: field("vendor_id"),
             cpu_model: field("model name"),
             hostname: read("/proc/sys/kernel/hostname"),
+            cpu_flags: cpu_flags(&field("flags")),
         }
     }
+}
+
+/// A cpuinfo `flags` line as a sorted set.
+pub fn cpu_flags(line: &str) -> Vec<String> {
+    let set: std::collections::BTreeSet<&str> = line.split_whitespace().collect();
+    set.into_iter().map(String::from).collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

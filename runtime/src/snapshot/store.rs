@@ -285,6 +285,71 @@ impl Store {
         })
     }
 
+    /// Whether the store holds blob `digest` (a restore verifies its content).
+    pub fn has_blob(&self, digest: &str) -> bool {
+        self.blob_path(digest).is_ok_and(|p| p.exists())
+    }
+
+    /// Commits a snapshot fetched from elsewhere under ingest `ingest`'s token: its OCI
+    /// manifest as fetched, the bytes of its small blobs (chalk manifest, spec, config), and
+    /// each file either already in the store or written at [`Ingest::part_path`] by a caller
+    /// that checked it against its digest. The manifest is read back whole (both manifests
+    /// must list the same files) before the ref is written.
+    pub fn import(
+        &self,
+        mut ingest: Ingest,
+        namespace: &str,
+        manifest_bytes: &[u8],
+        small: &[&[u8]],
+    ) -> Result<Committed> {
+        let bad = |m: String| store_error(&self.root, format!("import {}: {m}", ingest.token));
+        let oci = ImageManifest::parse(manifest_bytes).map_err(bad)?;
+        let layout = oci.layout().map_err(bad)?;
+        let _shared = self.lock_store(false)?;
+        let (mut stored, mut reused) = (0, 0);
+        for d in &layout.files {
+            let hex = oci::sha256_hex_of(&d.digest)
+                .ok_or_else(|| bad(format!("{} is not a sha256 digest", d.digest)))?;
+            if self.has_blob(&d.digest) {
+                reused += d.size;
+                continue;
+            }
+            let part = ingest.part_path(hex);
+            let len = fs::metadata(&part).map(|m| m.len()).map_err(|e| {
+                bad(format!(
+                    "{} ({}) was not fetched: {e}",
+                    d.digest,
+                    d.title().unwrap_or("?")
+                ))
+            })?;
+            if len != d.size {
+                return Err(bad(format!("{} is {len} bytes, not {}", d.digest, d.size)));
+            }
+            self.adopt(&part, hex)?;
+            stored += d.size;
+        }
+        for bytes in small {
+            self.put(bytes, "")?;
+        }
+        let manifest = self.put(manifest_bytes, oci::MANIFEST)?;
+        let snap = self.open_snapshot(&manifest.digest)?;
+        let r = Ref {
+            namespace: namespace.to_string(),
+            token: ingest.token.clone(),
+            manifest: manifest.digest.clone(),
+            created: snap.manifest.created.clone(),
+        };
+        let text = serde_json::to_vec(&r).map_err(|e| Error::parse("ref", e))?;
+        write_atomic(&self.root.join("refs").join(&ingest.token), &text, 0o600)?;
+        ingest.finish();
+        Ok(Committed {
+            manifest,
+            manifest_bytes: manifest_bytes.to_vec(),
+            stored,
+            reused,
+        })
+    }
+
     /// Renames `file` into the blob `hex` (it is sealed, so its digest is known): whether it
     /// was new. A blob the store already has is kept and the file dropped.
     fn adopt(&self, file: &Path, hex: &str) -> Result<bool> {
@@ -615,6 +680,11 @@ impl Ingest {
         &self.dir
     }
 
+    /// Where a fetched blob `hex` is written before [`Store::import`] moves it in.
+    pub fn part_path(&self, hex: &str) -> PathBuf {
+        self.dir.join(format!("{hex}.part"))
+    }
+
     pub fn token(&self) -> &str {
         &self.token
     }
@@ -850,6 +920,51 @@ mod tests {
                 },
             )
             .unwrap()
+    }
+
+    #[test]
+    fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = Store::open(&tmp.path().join("a")).unwrap();
+        let files: &[(&str, &[u8])] = &[("checkpoint.img", b"state"), ("pages.img", b"pages")];
+        let c = commit(&a, sealed(&a, "default+one", files));
+        let snap = a.open_snapshot(&c.manifest.digest).unwrap();
+        let small: Vec<Vec<u8>> = [&snap.layout.chalk_manifest, &snap.layout.spec]
+            .iter()
+            .map(|d| a.read_blob(&d.digest).unwrap())
+            .chain([oci::EMPTY_DATA.to_vec()])
+            .collect();
+        let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+
+        // Host B already has pages.img (an earlier snapshot): only checkpoint.img is fetched.
+        let b = Store::open(&tmp.path().join("b")).unwrap();
+        b.put(b"pages", "").unwrap();
+        let ingest = b.begin_ingest("default+pulled").unwrap();
+        let state = oci::sha256_digest(b"state");
+        fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
+        let got = b
+            .import(ingest, "default", &c.manifest_bytes, &small)
+            .unwrap();
+        assert_eq!(
+            got.manifest.digest, c.manifest.digest,
+            "the same id on every host"
+        );
+        assert_eq!((got.stored, got.reused), (5, 5));
+        assert_eq!(
+            b.find_ref("default+pulled").unwrap().manifest,
+            c.manifest.digest
+        );
+        b.prepare_restore(&b.open_snapshot(&c.manifest.digest).unwrap(), "default+r")
+            .unwrap();
+
+        // A file that was never fetched: refused, and no ref is written.
+        let other = commit(&a, sealed(&a, "default+two", &[("pages.img", b"other")]));
+        let ingest = b.begin_ingest("default+half").unwrap();
+        let err = b
+            .import(ingest, "default", &other.manifest_bytes, &small)
+            .unwrap_err();
+        assert!(err.to_string().contains("was not fetched"), "{err}");
+        assert!(b.find_ref("default+half").is_none());
     }
 
     #[test]

@@ -1,0 +1,96 @@
+//! Snapshots that travel: pushed to and pulled from OCI registries in the form the snapshot
+//! store keeps them (one OCI 1.1 artifact manifest, `subject` the base image, a blob per
+//! runsc file), so a snapshot keeps its id (its manifest's digest) on every host, and a host
+//! fetches only the blobs it lacks. Registry access follows containerd's: hosts.toml for
+//! mirrors and CAs, credentials from `--user` or the docker config, HTTPS unless asked.
+
+pub mod auth;
+pub mod hosts;
+mod image;
+pub mod moves;
+pub mod pull;
+pub mod push;
+mod session;
+
+use std::path::PathBuf;
+
+use oci_client::Reference;
+
+use crate::{Error, Result};
+
+/// How to reach registries: from the command line.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// containerd's registry hosts directory (hosts.toml per host).
+    pub hosts_dir: PathBuf,
+    /// Plain HTTP to registries that hosts.toml does not name otherwise.
+    pub plain_http: bool,
+    /// `user[:password]`, else the docker config's credentials.
+    pub user: Option<String>,
+}
+
+/// Parses a registry reference (`host[:port]/repo[:tag][@digest]`) as docker and containerd
+/// do; refuses what is not one.
+pub fn reference(text: &str) -> Result<Reference> {
+    let r: Reference = text.parse().map_err(|e| {
+        Error::parse(
+            "registry reference",
+            format!("{text:?}: {e} (expected host[:port]/repository[:tag][@sha256:digest])"),
+        )
+    })?;
+    Ok(r)
+}
+
+/// What a transfer moved and what it found already there.
+#[derive(Debug, Default, Clone)]
+pub struct Transfer {
+    pub blobs_moved: usize,
+    pub bytes_moved: u64,
+    pub blobs_present: usize,
+    pub bytes_present: u64,
+    /// Blobs of the base image moved (it was missing on the other side).
+    pub base_blobs: usize,
+}
+
+impl Transfer {
+    fn moved(&mut self, bytes: u64) {
+        self.blobs_moved += 1;
+        self.bytes_moved += bytes;
+    }
+
+    fn present(&mut self, bytes: u64) {
+        self.blobs_present += 1;
+        self.bytes_present += bytes;
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "blobs_moved": self.blobs_moved,
+            "bytes_moved": self.bytes_moved,
+            "blobs_present": self.blobs_present,
+            "bytes_present": self.bytes_present,
+            "base_image_blobs_moved": self.base_blobs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference;
+
+    #[test]
+    fn references_are_read_as_docker_reads_them() {
+        let r = reference("127.0.0.1:5000/snaps/web:v1").unwrap();
+        assert_eq!(
+            (r.registry(), r.repository(), r.tag()),
+            ("127.0.0.1:5000", "snaps/web", Some("v1"))
+        );
+        let r = reference("busybox").unwrap();
+        assert_eq!(
+            (r.registry(), r.repository()),
+            ("docker.io", "library/busybox")
+        );
+        let err = reference("Bad Ref").unwrap_err().to_string();
+        assert!(err.contains("expected host[:port]/repository"), "{err}");
+    }
+}

@@ -1,0 +1,201 @@
+//! `chalkctl snapshot pull`: a snapshot from a registry into this host's store and registry,
+//! under the same id. Its manifests are fetched and this host checked against them before any
+//! memory is fetched; blobs the store already has are not fetched again; each blob is
+//! checked against its digest on the way and the whole snapshot read back before its record
+//! is made. A pull that fails leaves no record, and its blobs go at the next gc.
+
+use chalk_runtime::snapshot::{
+    hostcheck::{self, Host},
+    manifest::ImageRef,
+    oci::{self, ImageManifest},
+    store::Store,
+    Manifest,
+};
+use oci_client::RegistryOperation;
+
+use super::{
+    hosts::Use,
+    image,
+    session::{self, Session},
+    Access, Transfer,
+};
+use crate::{
+    client::Client,
+    fork,
+    progress::Progress,
+    registry::{self, Snapshot, Status},
+    snapshots::{self, megabytes},
+    Error, Result,
+};
+
+/// Chalk manifests and specs are small; a bigger one is refused before it fills memory.
+const SMALL: u64 = 16 << 20;
+
+pub struct Pulled {
+    pub snapshot: Snapshot,
+    pub transfer: Transfer,
+}
+
+/// Pulls snapshot `reference` (a tag, or a digest) into this host.
+pub fn pull(
+    client: &mut Client,
+    access: &Access,
+    reference: &str,
+    progress: &Progress,
+) -> Result<Pulled> {
+    let r = super::reference(reference)?;
+    let want = if r.digest().is_some() {
+        Use::Pull
+    } else {
+        Use::Resolve
+    };
+    // Each host in turn (mirrors first), as containerd does, until one has the manifest.
+    let mut tried = Vec::new();
+    let mut found = None;
+    for s in session::sessions(access, &r, want)? {
+        match s.manifest(&r, &[oci::MANIFEST]) {
+            Ok(m) => {
+                found = Some((s, m));
+                break;
+            }
+            Err(e) => tried.push(e.to_string()),
+        }
+    }
+    let Some((s, (bytes, id))) = found else {
+        return Err(Error::from(tried.join("; then ")));
+    };
+    if let Ok(existing) = snapshots::find(client, &id) {
+        if existing.status == Status::Completed && client.store()?.open_snapshot(&id).is_ok() {
+            progress.step(&format!("snapshot {} is already here", fork::short(&id)));
+            return Ok(Pulled {
+                snapshot: existing,
+                transfer: Transfer::default(),
+            });
+        }
+    }
+    let not_ours = |why: String| {
+        Error::from(format!(
+            "{reference} is not a chalk snapshot ({why}): nothing was fetched"
+        ))
+    };
+    let oci_manifest = ImageManifest::parse(&bytes).map_err(not_ours)?;
+    if oci_manifest.artifact_type.as_deref() != Some(oci::ARTIFACT) {
+        return Err(not_ours(format!(
+            "its artifactType is {:?}, not {}",
+            oci_manifest.artifact_type,
+            oci::ARTIFACT
+        )));
+    }
+    let layout = oci_manifest.layout().map_err(not_ours)?;
+    s.login(&r, RegistryOperation::Pull)?;
+    let chalk = s.blob(&r, &layout.chalk_manifest.digest, SMALL)?;
+    let store = client.store()?;
+    let m = Manifest::parse(&chalk, store.root()).map_err(|e| Error::from(e.to_string()))?;
+    check_host(client, &m, reference)?;
+    let spec = s.blob(&r, &layout.spec.digest, SMALL)?;
+    let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
+
+    let name = registry::record_name(&m.source.sandbox_id, &snapshots::now());
+    client.lease(&format!("chalkctl-pull-{}", fork::short(&id)))?;
+    let mut t = Transfer::default();
+    let snapshotter = oci_manifest
+        .annotations
+        .get(snapshots::SNAPSHOTTER_ANNOTATION)
+        .cloned()
+        .unwrap_or_else(|| "overlayfs".to_string());
+    let base = layout
+        .subject
+        .clone()
+        .ok_or_else(|| not_ours("it names no base image (subject)".to_string()))?;
+    let base_desc = containerd_client::types::Descriptor {
+        media_type: base.media_type.clone(),
+        digest: base.digest.clone(),
+        size: base.size as i64,
+        annotations: Default::default(),
+    };
+    image::fetch(client, &s, &r, &base_desc, &snapshotter, &mut t, progress)?;
+
+    let token = Store::token(client.namespace(), &name);
+    let ingest = store
+        .begin_ingest(&token)
+        .map_err(|e| Error::from(e.to_string()))?;
+    for d in &layout.files {
+        if store.has_blob(&d.digest) {
+            t.present(d.size);
+            continue;
+        }
+        let hex = oci::sha256_hex_of(&d.digest)
+            .ok_or_else(|| not_ours(format!("{} is not a sha256 digest", d.digest)))?;
+        let title = d.title().unwrap_or("blob").to_string();
+        let part = ingest.part_path(hex);
+        fetch_file(&s, &r, d, &title, &part, progress)?;
+        t.moved(d.size);
+    }
+    let small: [&[u8]; 3] = [&chalk, &spec, &config];
+    store
+        .import(ingest, client.namespace(), &bytes, &small)
+        .map_err(|e| Error::from(e.to_string()))?;
+    let stored = store
+        .open_snapshot(&id)
+        .map_err(|e| Error::from(e.to_string()))?;
+    let index = snapshots::record_index(client, &stored, &snapshotter)?;
+    let image = m
+        .image
+        .as_ref()
+        .map_or_else(String::new, |i| ImageRef::unpinned(&i.name).to_string());
+    let snapshot = Snapshot {
+        name,
+        digest: id.clone(),
+        index: index.digest.clone(),
+        sandbox_id: m.source.sandbox_id.clone(),
+        status: Status::Completed,
+        created: snapshots::now(),
+        error: None,
+        base_image: Some(format!("{image}@{}", base.digest)),
+        labels: [("pulled-from".to_string(), r.whole())].into(),
+    };
+    if let Err(e) = client.create_image(snapshots::record(&snapshot, index)) {
+        let _ = store.remove_ref(&token);
+        return Err(e);
+    }
+    progress.step(&format!(
+        "pulled {} ({} fetched, {} already here)",
+        fork::short(&id),
+        megabytes(t.bytes_moved),
+        megabytes(t.bytes_present)
+    ));
+    Ok(Pulled {
+        snapshot,
+        transfer: t,
+    })
+}
+
+/// Refuses a snapshot this host cannot restore, naming what differs, before its memory is
+/// fetched.
+fn check_host(client: &Client, m: &Manifest, reference: &str) -> Result<()> {
+    let opts = client.options()?;
+    let here = Host::probe(&opts, m.extra.gpu.is_some()).map_err(|e| Error::from(e.to_string()))?;
+    let differs = hostcheck::differences(m, &here);
+    if !differs.is_empty() {
+        return Err(format!(
+            "{reference} cannot be restored on this host: {}; nothing was fetched (restore it \
+             on a host that matches, or take the snapshot again under this host's runsc)",
+            differs.join("; ")
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn fetch_file(
+    s: &Session,
+    r: &oci_client::Reference,
+    d: &oci::Descriptor,
+    title: &str,
+    part: &std::path::Path,
+    progress: &Progress,
+) -> Result<()> {
+    progress.during(&format!("fetching {title} ({})", megabytes(d.size)), || {
+        s.blob_to_file(r, &d.digest, d.size, part, &|_| {})
+    })
+}

@@ -1,0 +1,399 @@
+//! One registry endpoint, spoken to over the OCI distribution API (`oci-client`), with calls
+//! that block: chalkctl is a command line, and its containerd client blocks too. Every blob
+//! fetched is checked against its digest before anything uses it.
+
+use std::{path::Path, time::Duration};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use oci_client::{
+    client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol},
+    errors::OciDistributionError,
+    secrets::RegistryAuth,
+    Reference, RegistryOperation,
+};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use super::{
+    auth::{self, Credentials},
+    hosts::{self, Endpoint, Use},
+    Access,
+};
+use crate::{Error, Result};
+
+pub struct Session {
+    rt: tokio::runtime::Runtime,
+    client: oci_client::Client,
+    auth: RegistryAuth,
+    who: String,
+    pub endpoint: Endpoint,
+    /// The registry references name (a mirror serves it under its own host).
+    registry: String,
+}
+
+/// The endpoints `reference` may use for `u`, each a session, in the order to try them.
+pub fn sessions(access: &Access, reference: &Reference, u: Use) -> Result<Vec<Session>> {
+    let registry = reference.registry().to_string();
+    let endpoints = hosts::endpoints(&access.hosts_dir, &registry, access.plain_http)?;
+    let usable: Vec<Endpoint> = endpoints.into_iter().filter(|e| e.can(u)).collect();
+    if usable.is_empty() {
+        return Err(format!(
+            "no host for {registry} may be used to {} (see {}/{registry}/hosts.toml)",
+            match u {
+                Use::Push => "push",
+                Use::Pull | Use::Resolve => "pull",
+            },
+            access.hosts_dir.display()
+        )
+        .into());
+    }
+    usable
+        .into_iter()
+        .map(|e| Session::open(access, &registry, e))
+        .collect()
+}
+
+impl Session {
+    fn open(access: &Access, registry: &str, endpoint: Endpoint) -> Result<Session> {
+        // rustls without a default provider (see Cargo.toml): ring, once per process.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut extra = Vec::new();
+        for path in &endpoint.ca {
+            let data = std::fs::read(path).map_err(|e| {
+                Error::from(format!(
+                    "CA file {} for {}: {e}",
+                    path.display(),
+                    endpoint.host
+                ))
+            })?;
+            extra.push(Certificate {
+                encoding: CertificateEncoding::Pem,
+                data,
+            });
+        }
+        let config = ClientConfig {
+            protocol: if endpoint.plain_http {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            accept_invalid_certificates: endpoint.skip_verify,
+            extra_root_certificates: extra,
+            // Blob sizes are known: one PUT each, not a PATCH per few megabytes.
+            use_monolithic_push: true,
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(120)),
+            ..Default::default()
+        };
+        let credentials = auth::lookup(&endpoint.host, access.user.as_deref())?;
+        let who = credentials.describe();
+        let auth = match credentials {
+            Credentials::Anonymous => RegistryAuth::Anonymous,
+            Credentials::Basic { user, password } => RegistryAuth::Basic(user, password),
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Error::from(format!("start a runtime: {e}")))?;
+        Ok(Session {
+            rt,
+            client: oci_client::Client::new(config),
+            auth,
+            who,
+            endpoint,
+            registry: registry.to_string(),
+        })
+    }
+
+    /// `r` as this endpoint serves it: a mirror is asked with the upstream's name (`?ns=`).
+    fn at(&self, r: &Reference) -> Reference {
+        let mut r = r.clone();
+        if self.endpoint.host != self.registry {
+            r.set_mirror_registry(self.endpoint.host.clone());
+        }
+        r
+    }
+
+    /// Authenticates for `op` on `r`'s repository (a registry with token auth hands out one
+    /// token per repository and operation).
+    pub fn login(&self, r: &Reference, op: RegistryOperation) -> Result<()> {
+        let r = self.at(r);
+        self.rt
+            .block_on(self.client.auth(&r, &self.auth, op))
+            .map(drop)
+            .map_err(|e| self.explain("log in", &r, e))
+    }
+
+    /// Manifest `r` (by tag or digest) as the registry stores it, and its digest (checked
+    /// against the reference's own digest when it has one).
+    pub fn manifest(&self, r: &Reference, accept: &[&str]) -> Result<(Bytes, String)> {
+        let at = self.at(r);
+        let (bytes, _) = self
+            .rt
+            .block_on(self.client.pull_manifest_raw(&at, &self.auth, accept))
+            .map_err(|e| self.explain("fetch the manifest", &at, e))?;
+        let digest = format!("sha256:{:x}", Sha256::digest(&bytes));
+        if let Some(want) = r.digest() {
+            if want != digest {
+                return Err(format!(
+                    "{}: the registry answered with a manifest of digest {digest}, not {want}: \
+                     refused",
+                    self.name(&at)
+                )
+                .into());
+            }
+        }
+        Ok((bytes, digest))
+    }
+
+    /// Like [`Session::manifest`], None when there is no such manifest.
+    pub fn try_manifest(&self, r: &Reference, accept: &[&str]) -> Result<Option<(Bytes, String)>> {
+        let at = self.at(r);
+        match self
+            .rt
+            .block_on(self.client.pull_manifest_raw(&at, &self.auth, accept))
+        {
+            Ok((bytes, digest)) => Ok(Some((bytes, digest))),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(self.explain("fetch the manifest", &at, e)),
+        }
+    }
+
+    /// Whether the repository of `r` holds manifest `digest`.
+    pub fn has_manifest(&self, r: &Reference, digest: &str) -> Result<bool> {
+        let at = self.at(&r.clone_with_digest(digest.to_string()));
+        match self
+            .rt
+            .block_on(self.client.fetch_manifest_digest(&at, &self.auth))
+        {
+            Ok(_) => Ok(true),
+            Err(e) if not_found(&e) => Ok(false),
+            Err(e) => Err(self.explain("look up a manifest", &at, e)),
+        }
+    }
+
+    pub fn has_blob(&self, r: &Reference, digest: &str) -> Result<bool> {
+        let at = self.at(r);
+        self.rt
+            .block_on(self.client.blob_exists(&at, digest))
+            .map_err(|e| self.explain(&format!("look up blob {digest}"), &at, e))
+    }
+
+    /// Asks the registry to link blob `digest` from repository `from` into `r`'s: whether it
+    /// did (a registry may answer with an upload instead, which is then abandoned).
+    pub fn mount_blob(&self, r: &Reference, from: &Reference, digest: &str) -> Result<bool> {
+        let at = self.at(r);
+        match self.rt.block_on(self.client.mount_blob(&at, from, digest)) {
+            Ok(()) => self.has_blob(r, digest),
+            Err(_) => Ok(false),
+        }
+    }
+
+    pub fn push_bytes(&self, r: &Reference, data: Vec<u8>, digest: &str) -> Result<()> {
+        let at = self.at(r);
+        self.rt
+            .block_on(self.client.push_blob(&at, data, digest))
+            .map(drop)
+            .map_err(|e| self.explain(&format!("push blob {digest}"), &at, e))
+    }
+
+    /// Pushes file `path` as blob `digest` of `size` bytes, streamed from disk.
+    pub fn push_file(&self, r: &Reference, path: &Path, digest: &str, size: u64) -> Result<()> {
+        let at = self.at(r);
+        let file = std::fs::File::open(path)
+            .map_err(|e| Error::from(format!("open {}: {e}", path.display())))?;
+        self.rt
+            .block_on(async {
+                let file = tokio::fs::File::from_std(file);
+                let stream = futures_util::stream::unfold(file, |mut f| async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = vec![0u8; 1 << 20];
+                    match f.read(&mut buf).await {
+                        Ok(0) => None,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            Some((Ok(Bytes::from(buf)), f))
+                        }
+                        Err(e) => Some((Err(OciDistributionError::IoError(e)), f)),
+                    }
+                });
+                self.client
+                    .push_blob_stream(&at, stream, digest, Some(size))
+                    .await
+            })
+            .map(drop)
+            .map_err(|e| self.explain(&format!("push blob {digest}"), &at, e))
+    }
+
+    /// Stores manifest `bytes` under `r` (a tag, or its digest).
+    pub fn push_manifest(&self, r: &Reference, bytes: Vec<u8>, media_type: &str) -> Result<()> {
+        let at = self.at(r);
+        let content_type = media_type
+            .parse()
+            .map_err(|_| Error::from(format!("media type {media_type:?}")))?;
+        self.rt
+            .block_on(self.client.push_manifest_raw(&at, bytes, content_type))
+            .map(drop)
+            .map_err(|e| self.explain("push the manifest", &at, e))
+    }
+
+    /// Blob `digest` (at most `limit` bytes), checked against its digest.
+    pub fn blob(&self, r: &Reference, digest: &str, limit: u64) -> Result<Vec<u8>> {
+        let at = self.at(r);
+        let mut out = Vec::new();
+        self.rt
+            .block_on(async {
+                let mut s = self.client.pull_blob_stream(&at, digest).await?;
+                while let Some(chunk) = s.stream.next().await {
+                    out.extend_from_slice(&chunk?);
+                    if out.len() as u64 > limit {
+                        return Err(OciDistributionError::GenericError(Some(format!(
+                            "blob {digest} is larger than the {limit} bytes it may be"
+                        ))));
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|e| self.explain(&format!("fetch blob {digest}"), &at, e))?;
+        check_digest(digest, &format!("{:x}", Sha256::digest(&out)))?;
+        Ok(out)
+    }
+
+    /// Writes blob `digest` of `size` bytes to `path` (made 0600), hashing it on the way:
+    /// refused, and the file removed, unless it matches. `progress` hears of each chunk.
+    pub fn blob_to_file(
+        &self,
+        r: &Reference,
+        digest: &str,
+        size: u64,
+        path: &Path,
+        progress: &dyn Fn(u64),
+    ) -> Result<()> {
+        let at = self.at(r);
+        let fetched = self.rt.block_on(async {
+            let mut file = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .await?;
+            let mut s = self.client.pull_blob_stream(&at, digest).await?;
+            let mut hash = Sha256::new();
+            let mut got = 0u64;
+            while let Some(chunk) = s.stream.next().await {
+                let chunk = chunk?;
+                got += chunk.len() as u64;
+                if got > size {
+                    return Err(OciDistributionError::GenericError(Some(format!(
+                        "blob {digest} is larger than the {size} bytes the manifest says"
+                    ))));
+                }
+                hash.update(&chunk);
+                file.write_all(&chunk).await?;
+                progress(got);
+            }
+            file.flush().await?;
+            Ok((got, format!("{:x}", hash.finalize())))
+        });
+        let checked = match fetched {
+            Ok((got, _)) if got != size => Err(Error::from(format!(
+                "blob {digest}: the registry sent {got} bytes, the manifest says {size}"
+            ))),
+            Ok((_, hex)) => check_digest(digest, &hex),
+            Err(e) => Err(self.explain(&format!("fetch blob {digest}"), &at, e)),
+        };
+        if checked.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        checked
+    }
+
+    fn name(&self, r: &Reference) -> String {
+        format!("{} ({})", r.whole(), self.endpoint.url())
+    }
+
+    /// oci-client's error as what the user can do about it; never a credential.
+    fn explain(&self, what: &str, r: &Reference, e: OciDistributionError) -> Error {
+        let host = &self.endpoint.host;
+        // A blob stream that fails its digest check ends as an I/O error carrying it.
+        let damaged = matches!(e, OciDistributionError::DigestError(_))
+            || e.to_string().contains("Invalid digest. Expected");
+        let text = match &e {
+            _ if damaged => format!(
+                "what the registry sent does not match its digest ({e}): it was changed or \
+                 damaged there; refused (nothing was stored)"
+            ),
+            OciDistributionError::AuthenticationFailure(_)
+            | OciDistributionError::UnauthorizedError { .. } => format!(
+                "{host} refused {} (unauthorized): give the right credentials with --user \
+                 user[:password] or in the docker config (docker login {host})",
+                self.who
+            ),
+            OciDistributionError::ServerError { code: 401, .. } => format!(
+                "{host} refused {} (401 unauthorized): give the right credentials with --user \
+                 user[:password] or in the docker config (docker login {host})",
+                self.who
+            ),
+            OciDistributionError::ServerError { code: 403, .. } => {
+                format!(
+                    "{host} does not allow {} to do this (403 forbidden)",
+                    self.who
+                )
+            }
+            e if not_found(e) => format!("{} does not exist (404)", r.whole()),
+            OciDistributionError::RequestError(re) => {
+                let mut chain = re.to_string();
+                let mut source = std::error::Error::source(re);
+                while let Some(s) = source {
+                    chain.push_str(": ");
+                    chain.push_str(&s.to_string());
+                    source = s.source();
+                }
+                let hint = if chain.contains("certificate") || chain.contains("UnknownIssuer") {
+                    format!(
+                        " (trust the registry's CA: put it in {host}'s directory of the hosts \
+                         directory as ca.crt, or name it in its hosts.toml)"
+                    )
+                } else if chain.contains("InvalidContentType") || chain.contains("wrong version") {
+                    " (is it plain HTTP? then pass --plain-http)".to_string()
+                } else if chain.contains("onnect") {
+                    " (is the registry up, and is this its address?)".to_string()
+                } else {
+                    String::new()
+                };
+                format!("{} {chain}{hint}", self.endpoint.url())
+            }
+            other => other.to_string(),
+        };
+        Error::from(format!("{what} of {}: {text}", r.whole()))
+    }
+}
+
+/// Whether the registry said there is no such manifest or repository.
+fn not_found(e: &OciDistributionError) -> bool {
+    use oci_client::errors::OciErrorCode;
+    match e {
+        OciDistributionError::ImageManifestNotFoundError(_)
+        | OciDistributionError::ServerError { code: 404, .. } => true,
+        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
+            )
+        }),
+        _ => false,
+    }
+}
+
+fn check_digest(digest: &str, hex: &str) -> Result<()> {
+    if digest.strip_prefix("sha256:") != Some(hex) {
+        return Err(format!(
+            "blob {digest} from the registry hashes to sha256:{hex}: it was changed or damaged; \
+             refused (nothing was stored)"
+        )
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! Snapshots that travel: two "hosts" on this machine (two private containerds, each with its
+//! own root, state, runsc root, snapshot store and socket; host B never has the base image
+//! imported) and a real registry on loopback (Distribution, `CHALK_REGISTRY`, built by
+//! scripts/peers) over HTTPS with a CA of the test's own and htpasswd credentials. With
+//! `CHALK_OTHER_RUNSC`, a third host whose shim runs another runsc. With `CHALK_TRAVEL_S3`
+//! (`endpoint bucket access-key secret-key`, see scripts/registry-s3), the registry keeps its
+//! blobs in that S3 store.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use base64::Engine;
+use chalk_integration::{
+    cases, ensure,
+    registry::{self, Guard},
+    testkit::{self, Env, Failed, TestResult},
+    Containerd, CtrOutput,
+};
+use serde_json::Value;
+
+const USER: &str = "chalk";
+const PASSWORD: &str = "travel-pw-7f3a";
+
+struct Hosts {
+    a: Env,
+    b: Env,
+    /// A host whose runsc is another build.
+    c: Option<Env>,
+    addr: String,
+    /// Where the registry keeps blobs on disk (None when they live in S3).
+    blobs: Option<PathBuf>,
+    /// containerd's hosts directory form: `<addr>/ca.crt`.
+    hosts_dir: PathBuf,
+    /// A docker config directory whose config.json holds the registry's credentials.
+    docker_config: PathBuf,
+    _registry: Guard,
+    _dir: tempfile::TempDir,
+}
+
+impl Hosts {
+    fn reference(&self, repo: &str) -> String {
+        format!("{}/{repo}", self.addr)
+    }
+
+    /// chalkctl on `host`, with the test's hosts directory and a docker config holding the
+    /// registry's credentials (which `--user` in `args` overrides).
+    fn chalkctl(&self, host: &Env, args: &[&str]) -> CtrOutput {
+        self.chalkctl_with(host, args, &self.docker_config)
+    }
+
+    fn chalkctl_with(&self, host: &Env, args: &[&str], docker_config: &Path) -> CtrOutput {
+        let mut cmd = host.c.chalkctl_command().expect("chalkctl is built");
+        cmd.args(args)
+            .env("CHALK_HOSTS_DIR", &self.hosts_dir)
+            .env("DOCKER_CONFIG", docker_config);
+        cmd.output().expect("run chalkctl").into()
+    }
+
+    fn json(&self, host: &Env, args: &[&str]) -> Result<Value, Failed> {
+        let mut all = vec!["--output", "json"];
+        all.extend_from_slice(args);
+        let out = self.chalkctl(host, &all);
+        ensure!(out.code == 0, "chalkctl {args:?}: {out:?}");
+        serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
+    }
+
+    /// The file of blob `digest` in the registry's storage.
+    fn registry_blob(&self, digest: &str) -> Option<PathBuf> {
+        let hex = digest.trim_start_matches("sha256:");
+        Some(
+            self.blobs
+                .as_ref()?
+                .join("docker/registry/v2/blobs/sha256")
+                .join(&hex[..2])
+                .join(hex)
+                .join("data"),
+        )
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The layer of `manifest` (the snapshot's OCI manifest) titled `title`.
+fn layer<'a>(manifest: &'a Value, title: &str) -> Option<&'a Value> {
+    manifest["layers"]
+        .as_array()?
+        .iter()
+        .find(|l| l["annotations"]["org.opencontainers.image.title"] == title)
+}
+
+fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
+/// A counter on host `a`, counting.
+fn counter(h: &Hosts, id: &str) -> TestResult {
+    h.a.start_counter(id)
+}
+
+/// A sandbox suspended on A to the registry and released there resumes on B, which never had
+/// its image, and counts on; a snapshot of it forks on B; each host fetches only what it
+/// lacks; the second push sends only what changed.
+fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
+    let (id, fork) = ("tr-src", "tr-fork");
+    let mut on_a = Vec::new();
+    let mut on_b = Vec::new();
+    let result = (|| {
+        counter(h, id)?;
+        let first = h.a.snapshot_of(id)?;
+        on_a.push(first.clone());
+        let first_ref = h.reference("travel/tr-src:first");
+        let pushed = h.json(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &first, &first_ref],
+        )?;
+        ensure!(
+            pushed["id"] == first.as_str()
+                && pushed["reference"]
+                    .as_str()
+                    .is_some_and(|r| r.ends_with(&format!("@{first}")))
+                && pushed["transfer"]["bytes_moved"].as_u64() > Some(0)
+                && pushed["transfer"]["base_image_blobs_moved"].as_u64() > Some(0),
+            "first push: {pushed}"
+        );
+        eprintln!("travel: first push {}", pushed["transfer"]);
+
+        // Suspended to the registry and released: no sandbox and no snapshot left on A.
+        let count_before = h.a.count(id)?;
+        let suspended_ref = h.reference("travel/tr-src:suspended");
+        let out = h.json(
+            &h.a,
+            &["suspend", "--id", id, "--to", &suspended_ref, "--release"],
+        )?;
+        let suspended = out["snapshot"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let second = &out["pushed"]["transfer"];
+        eprintln!("travel: second push (suspend) {second}");
+        ensure!(
+            second["base_image_blobs_moved"] == 0
+                && second["bytes_present"].as_u64() > Some(0)
+                && out["released"]["freed_bytes"].as_u64() > Some(0),
+            "the second push sends only what changed, the base image not again: {out}"
+        );
+        ensure!(h.a.task_status(id).is_none(), "{id} still has a task on A");
+        ensure!(
+            h.a.stored_snapshot(&suspended).is_err(),
+            "A kept the released snapshot {suspended}"
+        );
+        let listed = h.json(&h.a, &["get", "--id", id])?;
+        ensure!(listed["status"] == "suspended", "A's record: {listed}");
+
+        // B has no record of the sandbox, nor its image: resume pulls both.
+        let started = Instant::now();
+        let out = h.json(&h.b, &["resume", "--id", id, "--from", &suspended_ref])?;
+        eprintln!(
+            "travel: resume on B in {} ms ({:?} wall): {}",
+            out["elapsed_ms"],
+            started.elapsed(),
+            out["pulled"]
+        );
+        on_b.push(suspended.clone());
+        ensure!(
+            out["snapshot"] == suspended.as_str()
+                && out["pulled"]["base_image_blobs_moved"].as_u64() > Some(0),
+            "resume on B: {out}"
+        );
+        let now = h.b.count(id)?;
+        ensure!(
+            now >= count_before,
+            "B's count {now} < {count_before} at suspend"
+        );
+        h.b.count_reaches(id, now + 3)?;
+        let files = h.b.sh(id, "files", "cat /workspace/notes.txt /tmp/t");
+        ensure!(
+            files.stdout == "hello\ntmp\n",
+            "files after the move: {files:?}"
+        );
+
+        // The first snapshot forks on B: only what B lacks is fetched (the image is there).
+        let pulled = h.json(&h.b, &["snapshot", "pull", &first_ref])?;
+        on_b.push(first.clone());
+        ensure!(
+            pulled["id"] == first.as_str() && pulled["transfer"]["base_image_blobs_moved"] == 0,
+            "pull of the first snapshot on B: {pulled}"
+        );
+        eprintln!(
+            "travel: pull of the first snapshot on B {}",
+            pulled["transfer"]
+        );
+        let again = h.json(&h.b, &["snapshot", "pull", &first_ref])?;
+        ensure!(
+            again["transfer"]["bytes_moved"] == 0,
+            "a second pull fetches nothing: {again}"
+        );
+        let out = h.json(&h.b, &["fork", "--snapshot", &first_ref, "--fork-id", fork])?;
+        ensure!(out["forks"][0]["id"] == fork, "fork on B: {out}");
+        let n = h.b.count(fork)?;
+        h.b.count_reaches(fork, n + 2)?;
+        Ok(())
+    })();
+    // B first: the same ids run there, and A's check looks for any process of them.
+    let on_b = h.b.conclude(result, &[id, fork], &on_b);
+    h.a.conclude(on_b, &[id], &on_a)
+}
+
+/// A blob changed in the registry is refused when pulled: no record, no ref and no partial
+/// file is left; put back, it pulls.
+fn a_tampered_blob_in_the_registry_is_refused(h: &Hosts) -> TestResult {
+    let id = "tr-tamper";
+    let mut on_a = Vec::new();
+    let result = (|| {
+        counter(h, id)?;
+        let snap = h.a.snapshot_of(id)?;
+        on_a.push(snap.clone());
+        let reference = h.reference("travel/tamper:1");
+        h.json(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+        )?;
+        let (_, m) = h.a.stored_snapshot(&snap)?;
+        let digest = layer(&m, "checkpoint.img")
+            .and_then(|l| l["digest"].as_str())
+            .ok_or("no checkpoint.img layer")?
+            .to_string();
+        let Some(blob) = h.registry_blob(&digest) else {
+            return Ok(()); // blobs in S3: not changed from here
+        };
+        let bytes = std::fs::read(&blob).map_err(|e| format!("{}: {e}", blob.display()))?;
+        let mut bent = bytes.clone();
+        bent[bytes.len() / 2] ^= 1;
+        std::fs::write(&blob, &bent).map_err(|e| e.to_string())?;
+        let out = h.chalkctl(&h.b, &["snapshot", "pull", &reference]);
+        std::fs::write(&blob, &bytes).map_err(|e| e.to_string())?;
+        ensure!(
+            out.code != 0 && out.stderr.contains("changed or damaged"),
+            "pull of a tampered blob: {out:?}"
+        );
+        let store = h.b.c.snapshot_store();
+        let left = h.json(&h.b, &["snapshot", "list", "--sandbox-id", id])?;
+        let parts: Vec<_> = std::fs::read_dir(store.join("ingest"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()))
+            .collect();
+        ensure!(
+            left["items"].as_array().is_some_and(Vec::is_empty)
+                && parts.is_empty()
+                && !h.b.store_blob(&digest).exists(),
+            "the refused pull left {left} / partial files in {parts:?}"
+        );
+        let pulled = h.json(&h.b, &["snapshot", "pull", &reference])?;
+        ensure!(
+            pulled["id"] == snap.as_str(),
+            "pull once put back: {pulled}"
+        );
+        h.json(&h.b, &["snapshot", "delete", "--snapshot-id", &snap])?;
+        Ok(())
+    })();
+    h.a.conclude(result, &[id], &on_a)
+}
+
+/// Wrong or missing credentials are refused with what to do, and the password never shows;
+/// the docker config's credentials work.
+fn wrong_credentials_are_refused_clearly(h: &Hosts) -> TestResult {
+    let id = "tr-creds";
+    let mut on_a = Vec::new();
+    let result = (|| {
+        counter(h, id)?;
+        let snap = h.a.snapshot_of(id)?;
+        on_a.push(snap.clone());
+        let reference = h.reference("travel/creds:1");
+        let wrong = format!("{USER}:not-the-pw-93");
+        let out = h.chalkctl(
+            &h.a,
+            &[
+                "snapshot",
+                "push",
+                "--snapshot-id",
+                &snap,
+                &reference,
+                "--user",
+                &wrong,
+            ],
+        );
+        ensure!(
+            out.code != 0
+                && out.stderr.contains("unauthorized")
+                && out.stderr.contains("--user")
+                && !out.stderr.contains("not-the-pw-93"),
+            "push with a wrong password: {out:?}"
+        );
+        // No credentials at all: refused too.
+        let none = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = h.chalkctl_with(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+            none.path(),
+        );
+        ensure!(
+            out.code != 0
+                && out.stderr.contains("anonymous")
+                && out.stderr.contains("unauthorized"),
+            "push without credentials: {out:?}"
+        );
+        // The right ones, from the docker config.json.
+        h.json(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+        )?;
+        for (user, what) in [
+            (wrong.as_str(), "a wrong password"),
+            ("nobody:x", "another user"),
+        ] {
+            let out = h.chalkctl(&h.b, &["snapshot", "pull", &reference, "--user", user]);
+            ensure!(
+                out.code != 0 && out.stderr.contains("unauthorized") && !out.stderr.contains(user),
+                "pull with {what}: {out:?}"
+            );
+        }
+        // No CA for the registry: refused, saying how to trust it.
+        let out = h.chalkctl(
+            &h.b,
+            &[
+                "snapshot",
+                "pull",
+                &reference,
+                "--hosts-dir",
+                "/nonexistent",
+            ],
+        );
+        ensure!(
+            out.code != 0 && out.stderr.contains("CA"),
+            "pull without the registry's CA: {out:?}"
+        );
+        let left = h.json(&h.b, &["snapshot", "list", "--sandbox-id", id])?;
+        ensure!(
+            left["items"].as_array().is_some_and(Vec::is_empty),
+            "a refused pull left a record: {left}"
+        );
+        Ok(())
+    })();
+    h.a.conclude(result, &[id], &on_a)
+}
+
+/// A host whose runsc is another build refuses the snapshot before fetching any of it.
+fn a_host_with_another_runsc_refuses_before_pulling(h: &Hosts) -> TestResult {
+    let Some(c) = &h.c else { return Ok(()) };
+    let id = "tr-other";
+    let mut on_a = Vec::new();
+    let result = (|| {
+        counter(h, id)?;
+        let snap = h.a.snapshot_of(id)?;
+        on_a.push(snap.clone());
+        let reference = h.reference("travel/other:1");
+        h.json(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+        )?;
+        let out = h.chalkctl(c, &["resume", "--id", id, "--from", &reference]);
+        ensure!(
+            out.code != 0
+                && out.stderr.contains("cannot be restored on this host")
+                && out.stderr.contains("runsc version")
+                && out.stderr.contains("nothing was fetched"),
+            "resume on a host with another runsc: {out:?}"
+        );
+        let store = c.c.snapshot_store();
+        ensure!(
+            files_under(&store.join("blobs/sha256")) == 0 && files_under(&c.c.content_blobs()) == 0,
+            "the refused host fetched {} store blob(s) and {} content blob(s)",
+            files_under(&store.join("blobs/sha256")),
+            files_under(&c.c.content_blobs())
+        );
+        ensure!(
+            c.task_status(id).is_none(),
+            "{id} runs on the refusing host"
+        );
+        Ok(())
+    })();
+    h.a.conclude(result, &[id], &on_a)
+}
+
+fn start() -> Result<Hosts, String> {
+    let registry_bin = std::env::var_os("CHALK_REGISTRY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .ok_or("CHALK_REGISTRY names no registry binary (scripts/peers builds one)")?;
+    let dir = tempfile::Builder::new()
+        .prefix("chalk-travel-")
+        .tempdir_in("/tmp")
+        .map_err(|e| e.to_string())?;
+    registry::make_certs(dir.path(), &["localhost"])?;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (storage, blobs, env) = match std::env::var("CHALK_TRAVEL_S3") {
+        Ok(s3) if !s3.is_empty() => {
+            let f: Vec<&str> = s3.split_whitespace().collect();
+            let [endpoint, bucket, key, secret] = f[..] else {
+                return Err(format!(
+                    "CHALK_TRAVEL_S3={s3:?}: expected `endpoint bucket access-key secret-key`"
+                ));
+            };
+            let storage = format!(
+                "storage:\n  s3:\n    region: us-east-1\n    regionendpoint: {endpoint}\n    \
+                 bucket: {bucket}\n    forcepathstyle: true\n    secure: false\n    \
+                 v4auth: true\n  redirect:\n    disable: true\n"
+            );
+            let env = vec![
+                ("REGISTRY_STORAGE_S3_ACCESSKEY".to_string(), key.to_string()),
+                (
+                    "REGISTRY_STORAGE_S3_SECRETKEY".to_string(),
+                    secret.to_string(),
+                ),
+            ];
+            (storage, None, env)
+        }
+        _ => (
+            registry::storage_filesystem(dir.path()),
+            Some(dir.path().join("registry")),
+            Vec::new(),
+        ),
+    };
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let guard = registry::serve_tls(
+        &registry_bin,
+        dir.path(),
+        &addr,
+        &storage,
+        (USER, PASSWORD),
+        &env,
+    )?;
+    // containerd's form: the registry's CA in its host's directory.
+    let hosts_dir = dir.path().join("certs.d");
+    std::fs::create_dir_all(hosts_dir.join(&addr)).map_err(|e| e.to_string())?;
+    std::fs::copy(
+        dir.path().join("ca.crt"),
+        hosts_dir.join(&addr).join("ca.crt"),
+    )
+    .map_err(|e| e.to_string())?;
+    let docker_config = dir.path().join("docker");
+    std::fs::create_dir_all(&docker_config).map_err(|e| e.to_string())?;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    std::fs::write(
+        docker_config.join("config.json"),
+        format!(r#"{{"auths": {{"{addr}": {{"auth": "{auth}"}}}}}}"#),
+    )
+    .map_err(|e| e.to_string())?;
+    let a = Containerd::start().map_err(|e| format!("host A: {e}"))?;
+    a.import_busybox().map_err(|e| e.to_string())?;
+    let b = Containerd::start().map_err(|e| format!("host B: {e}"))?;
+    let c = match std::env::var_os("CHALK_OTHER_RUNSC").filter(|v| !v.is_empty()) {
+        Some(runsc) => Some(
+            Containerd::start_with_runsc(Path::new(&runsc)).map_err(|e| format!("host C: {e}"))?,
+        ),
+        None => None,
+    };
+    Ok(Hosts {
+        a: Env { c: a },
+        b: Env { c: b },
+        c: c.map(|c| Env { c }),
+        addr,
+        blobs,
+        hosts_dir,
+        docker_config,
+        _registry: guard,
+        _dir: dir,
+    })
+}
+
+fn main() {
+    let hosts = start().unwrap_or_else(|e| panic!("cannot set up the two hosts: {e}"));
+    let no_other = hosts.c.is_none();
+    let mut all = cases![
+        a_sandbox_travels_between_hosts,
+        a_tampered_blob_in_the_registry_is_refused,
+        wrong_credentials_are_refused_clearly,
+    ];
+    all.extend(
+        cases![a_host_with_another_runsc_refuses_before_pulling]
+            .into_iter()
+            .map(|c| c.ignored_if(no_other)),
+    );
+    testkit::run(hosts, all, |_| Ok(()))
+}
