@@ -29,8 +29,8 @@ struct Hosts {
     /// A host whose runsc is another build.
     c: Option<Env>,
     addr: String,
-    /// Where the registry keeps blobs on disk (None when they live in S3).
-    blobs: Option<PathBuf>,
+    /// Where the registry keeps its blobs.
+    blobs: Blobs,
     /// containerd's hosts directory form: `<addr>/ca.crt`.
     hosts_dir: PathBuf,
     /// A docker config directory whose config.json holds the registry's credentials.
@@ -40,8 +40,10 @@ struct Hosts {
 }
 
 impl Hosts {
+    /// `repo` in this run's namespace of the registry (a bucket may outlive a run).
     fn reference(&self, repo: &str) -> String {
-        format!("{}/{repo}", self.addr)
+        let run = self.addr.rsplit(':').next().unwrap_or("0");
+        format!("{}/run-{run}/{repo}", self.addr)
     }
 
     /// chalkctl on `host`, with the test's hosts directory and a docker config holding the
@@ -66,18 +68,68 @@ impl Hosts {
         serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
     }
 
-    /// The file of blob `digest` in the registry's storage.
-    fn registry_blob(&self, digest: &str) -> Option<PathBuf> {
-        let hex = digest.trim_start_matches("sha256:");
-        Some(
-            self.blobs
-                .as_ref()?
-                .join("docker/registry/v2/blobs/sha256")
-                .join(&hex[..2])
-                .join(hex)
-                .join("data"),
-        )
+    /// Blob `digest` as the registry stores it (Distribution's layout).
+    fn registry_blob(&self, digest: &str) -> Result<Vec<u8>, Failed> {
+        match &self.blobs {
+            Blobs::Dir(dir) => {
+                let p = dir.join(blob_key(digest));
+                std::fs::read(&p).map_err(|e| Failed::from(format!("{}: {e}", p.display())))
+            }
+            Blobs::S3(s3) => s3.request("GET", &blob_key(digest), None),
+        }
     }
+
+    /// Replaces what the registry stores for blob `digest` (behind its back).
+    fn set_registry_blob(&self, digest: &str, bytes: &[u8]) -> TestResult {
+        match &self.blobs {
+            Blobs::Dir(dir) => std::fs::write(dir.join(blob_key(digest)), bytes)
+                .map_err(|e| Failed::from(e.to_string())),
+            Blobs::S3(s3) => s3.request("PUT", &blob_key(digest), Some(bytes)).map(drop),
+        }
+    }
+}
+
+enum Blobs {
+    /// Distribution's filesystem storage root.
+    Dir(PathBuf),
+    S3(S3),
+}
+
+/// The S3 bucket the registry stores into, reached with curl's SigV4 signing.
+struct S3 {
+    endpoint: String,
+    bucket: String,
+    key: String,
+    secret: String,
+}
+
+impl S3 {
+    /// GET `key`, or PUT `body` there.
+    fn request(&self, method: &str, key: &str, body: Option<&[u8]>) -> Result<Vec<u8>, Failed> {
+        let url = format!("{}/{}/{key}", self.endpoint, self.bucket);
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
+            .arg(format!("{}:{}", self.key, self.secret))
+            .arg(&url);
+        let tmp = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        if let Some(body) = body {
+            std::fs::write(tmp.path(), body).map_err(|e| e.to_string())?;
+            // An upload is a PUT of the file.
+            cmd.arg("-T").arg(tmp.path());
+        }
+        let out = cmd.output().map_err(|e| format!("curl: {e}"))?;
+        ensure!(
+            out.status.success(),
+            "curl {method} {url}: {:?}",
+            out.status
+        );
+        Ok(out.stdout)
+    }
+}
+
+fn blob_key(digest: &str) -> String {
+    let hex = digest.trim_start_matches("sha256:");
+    format!("docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2])
 }
 
 fn free_port() -> u16 {
@@ -231,15 +283,12 @@ fn a_tampered_blob_in_the_registry_is_refused(h: &Hosts) -> TestResult {
             .and_then(|l| l["digest"].as_str())
             .ok_or("no checkpoint.img layer")?
             .to_string();
-        let Some(blob) = h.registry_blob(&digest) else {
-            return Ok(()); // blobs in S3: not changed from here
-        };
-        let bytes = std::fs::read(&blob).map_err(|e| format!("{}: {e}", blob.display()))?;
+        let bytes = h.registry_blob(&digest)?;
         let mut bent = bytes.clone();
         bent[bytes.len() / 2] ^= 1;
-        std::fs::write(&blob, &bent).map_err(|e| e.to_string())?;
+        h.set_registry_blob(&digest, &bent)?;
         let out = h.chalkctl(&h.b, &["snapshot", "pull", &reference]);
-        std::fs::write(&blob, &bytes).map_err(|e| e.to_string())?;
+        h.set_registry_blob(&digest, &bytes)?;
         ensure!(
             out.code != 0 && out.stderr.contains("changed or damaged"),
             "pull of a tampered blob: {out:?}"
@@ -421,11 +470,17 @@ fn start() -> Result<Hosts, String> {
                     secret.to_string(),
                 ),
             ];
-            (storage, None, env)
+            let s3 = S3 {
+                endpoint: endpoint.into(),
+                bucket: bucket.into(),
+                key: key.into(),
+                secret: secret.into(),
+            };
+            (storage, Blobs::S3(s3), env)
         }
         _ => (
             registry::storage_filesystem(dir.path()),
-            Some(dir.path().join("registry")),
+            Blobs::Dir(dir.path().join("registry")),
             Vec::new(),
         ),
     };

@@ -115,46 +115,56 @@ pub fn pull(
     };
     image::fetch(client, &s, &r, &base_desc, &snapshotter, &mut t, progress)?;
 
-    let token = Store::token(client.namespace(), &name);
-    let ingest = store
-        .begin_ingest(&token)
-        .map_err(|e| Error::from(e.to_string()))?;
-    for d in &layout.files {
-        if store.has_blob(&d.digest) {
-            t.present(d.size);
-            continue;
-        }
-        let hex = oci::sha256_hex_of(&d.digest)
-            .ok_or_else(|| not_ours(format!("{} is not a sha256 digest", d.digest)))?;
-        let title = d.title().unwrap_or("blob").to_string();
-        let part = ingest.part_path(hex);
-        fetch_file(&s, &r, d, &title, &part, progress)?;
-        t.moved(d.size);
-    }
-    let small: [&[u8]; 3] = [&chalk, &spec, &config];
-    store
-        .import(ingest, client.namespace(), &bytes, &small)
-        .map_err(|e| Error::from(e.to_string()))?;
-    let stored = store
-        .open_snapshot(&id)
-        .map_err(|e| Error::from(e.to_string()))?;
-    let index = snapshots::record_index(client, &stored, &snapshotter)?;
+    // The record comes first, in progress and pointing at the base image, as for a snapshot
+    // taken here: a gc meanwhile keeps the ref it is about to get.
     let image = m
         .image
         .as_ref()
         .map_or_else(String::new, |i| ImageRef::unpinned(&i.name).to_string());
-    let snapshot = Snapshot {
+    let mut snapshot = Snapshot {
         name,
-        digest: id.clone(),
-        index: index.digest.clone(),
+        digest: String::new(),
+        index: String::new(),
         sandbox_id: m.source.sandbox_id.clone(),
-        status: Status::Completed,
+        status: Status::InProgress,
         created: snapshots::now(),
         error: None,
         base_image: Some(format!("{image}@{}", base.digest)),
         labels: [("pulled-from".to_string(), r.whole())].into(),
     };
-    if let Err(e) = client.create_image(snapshots::record(&snapshot, index)) {
+    client.create_image(snapshots::record(&snapshot, base_desc.clone()))?;
+    let token = Store::token(client.namespace(), &snapshot.name);
+    let stored = (|| {
+        let ingest = store
+            .begin_ingest(&token)
+            .map_err(|e| Error::from(e.to_string()))?;
+        for d in &layout.files {
+            if store.has_blob(&d.digest) {
+                t.present(d.size);
+                continue;
+            }
+            let hex = oci::sha256_hex_of(&d.digest)
+                .ok_or_else(|| not_ours(format!("{} is not a sha256 digest", d.digest)))?;
+            let title = d.title().unwrap_or("blob").to_string();
+            fetch_file(&s, &r, d, &title, &ingest.part_path(hex), progress)?;
+            t.moved(d.size);
+        }
+        let small: [&[u8]; 3] = [&chalk, &spec, &config];
+        store
+            .import(ingest, client.namespace(), &bytes, &small)
+            .map_err(|e| Error::from(e.to_string()))?;
+        let stored = store
+            .open_snapshot(&id)
+            .map_err(|e| Error::from(e.to_string()))?;
+        let index = snapshots::record_index(client, &stored, &snapshotter)?;
+        snapshot.status = Status::Completed;
+        snapshot.digest = id.clone();
+        snapshot.index = index.digest.clone();
+        client.update_image(snapshots::record(&snapshot, index))
+    })();
+    if let Err(e) = stored {
+        // Nothing of a failed pull stays: its blobs go at the next gc.
+        let _ = client.delete_image(&snapshot.name);
         let _ = store.remove_ref(&token);
         return Err(e);
     }
