@@ -3,10 +3,12 @@
 
 use std::{
     fmt::Write as _,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
+
+use base64::Engine;
 
 /// The registry's config: its store under `dir`, listening on `addr`, with the TLS key pair
 /// `dir/srv.crt` and `dir/srv.key` when `tls`.
@@ -162,4 +164,77 @@ fn serve(
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(guard)
+}
+
+/// The credentials of a [`Secured`] registry.
+pub const USER: &str = "chalk";
+pub const PASSWORD: &str = "travel-pw-7f3a";
+
+/// A registry over HTTPS on a free loopback port, with a CA and credentials of its own, and
+/// what a client needs to reach it as containerd's tools would: a hosts directory holding
+/// its CA (`<addr>/ca.crt`) and a docker config directory holding the credentials.
+pub struct Secured {
+    pub addr: String,
+    /// The registry's files: certificates, config, log, and (filesystem storage) blobs.
+    pub dir: PathBuf,
+    pub hosts_dir: PathBuf,
+    pub docker_config: PathBuf,
+    _guard: Guard,
+    _tmp: tempfile::TempDir,
+}
+
+impl Secured {
+    /// Starts `binary` with `storage` (a YAML `storage:` block; None: the filesystem under
+    /// [`Secured::blobs`]) and `env` in its environment.
+    pub fn start(
+        binary: &Path,
+        storage: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
+        let tmp = tempfile::Builder::new()
+            .prefix("chalk-registry-")
+            .tempdir_in("/tmp")
+            .map_err(|e| e.to_string())?;
+        let dir = tmp.path().to_path_buf();
+        make_certs(&dir, &["localhost"])?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("a free port: {e}"))?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let storage = storage.map_or_else(|| storage_filesystem(&dir), String::from);
+        let guard = serve_tls(binary, &dir, &addr, &storage, (USER, PASSWORD), env)?;
+        let hosts_dir = dir.join("certs.d");
+        std::fs::create_dir_all(hosts_dir.join(&addr)).map_err(|e| e.to_string())?;
+        std::fs::copy(dir.join("ca.crt"), hosts_dir.join(&addr).join("ca.crt"))
+            .map_err(|e| e.to_string())?;
+        let docker_config = dir.join("docker");
+        std::fs::create_dir_all(&docker_config).map_err(|e| e.to_string())?;
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+        std::fs::write(
+            docker_config.join("config.json"),
+            format!(r#"{{"auths": {{"{addr}": {{"auth": "{auth}"}}}}}}"#),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Secured {
+            addr,
+            dir,
+            hosts_dir,
+            docker_config,
+            _guard: guard,
+            _tmp: tmp,
+        })
+    }
+
+    /// Where filesystem storage keeps the blobs.
+    pub fn blobs(&self) -> PathBuf {
+        self.dir.join("registry")
+    }
+
+    /// `command` (a chalkctl) pointed at this registry's hosts directory and credentials.
+    pub fn client<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        command
+            .env("CHALK_HOSTS_DIR", &self.hosts_dir)
+            .env("DOCKER_CONFIG", &self.docker_config)
+    }
 }

@@ -11,52 +11,46 @@ use std::{
     time::Instant,
 };
 
-use base64::Engine;
 use chalk_integration::{
     cases, ensure,
-    registry::{self, Guard},
+    registry::{Secured, USER},
     testkit::{self, Env, Failed, TestResult},
     Containerd, CtrOutput,
 };
 use serde_json::Value;
-
-const USER: &str = "chalk";
-const PASSWORD: &str = "travel-pw-7f3a";
 
 struct Hosts {
     a: Env,
     b: Env,
     /// A host whose runsc is another build.
     c: Option<Env>,
-    addr: String,
     /// Where the registry keeps its blobs.
     blobs: Blobs,
-    /// containerd's hosts directory form: `<addr>/ca.crt`.
-    hosts_dir: PathBuf,
-    /// A docker config directory whose config.json holds the registry's credentials.
-    docker_config: PathBuf,
-    _registry: Guard,
-    _dir: tempfile::TempDir,
+    registry: Secured,
 }
 
 impl Hosts {
     /// `repo` in this run's namespace of the registry (a bucket may outlive a run).
     fn reference(&self, repo: &str) -> String {
-        let run = self.addr.rsplit(':').next().unwrap_or("0");
-        format!("{}/run-{run}/{repo}", self.addr)
+        let run = self.registry.addr.rsplit(':').next().unwrap_or("0");
+        format!("{}/run-{run}/{repo}", self.registry.addr)
     }
 
     /// chalkctl on `host`, with the test's hosts directory and a docker config holding the
     /// registry's credentials (which `--user` in `args` overrides).
     fn chalkctl(&self, host: &Env, args: &[&str]) -> CtrOutput {
-        self.chalkctl_with(host, args, &self.docker_config)
+        let mut cmd = host.c.chalkctl_command().expect("chalkctl is built");
+        self.registry.client(&mut cmd).args(args);
+        cmd.output().expect("run chalkctl").into()
     }
 
+    /// Like [`Hosts::chalkctl`], with the docker config in `docker_config` instead.
     fn chalkctl_with(&self, host: &Env, args: &[&str], docker_config: &Path) -> CtrOutput {
         let mut cmd = host.c.chalkctl_command().expect("chalkctl is built");
-        cmd.args(args)
-            .env("CHALK_HOSTS_DIR", &self.hosts_dir)
-            .env("DOCKER_CONFIG", docker_config);
+        self.registry
+            .client(&mut cmd)
+            .env("DOCKER_CONFIG", docker_config)
+            .args(args);
         cmd.output().expect("run chalkctl").into()
     }
 
@@ -130,13 +124,6 @@ impl S3 {
 fn blob_key(digest: &str) -> String {
     let hex = digest.trim_start_matches("sha256:");
     format!("docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2])
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// The layer of `manifest` (the snapshot's OCI manifest) titled `title`.
@@ -444,13 +431,7 @@ fn start() -> Result<Hosts, String> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .ok_or("CHALK_REGISTRY names no registry binary (scripts/peers builds one)")?;
-    let dir = tempfile::Builder::new()
-        .prefix("chalk-travel-")
-        .tempdir_in("/tmp")
-        .map_err(|e| e.to_string())?;
-    registry::make_certs(dir.path(), &["localhost"])?;
-    let addr = format!("127.0.0.1:{}", free_port());
-    let (storage, blobs, env) = match std::env::var("CHALK_TRAVEL_S3") {
+    let s3 = match std::env::var("CHALK_TRAVEL_S3") {
         Ok(s3) if !s3.is_empty() => {
             let f: Vec<&str> = s3.split_whitespace().collect();
             let [endpoint, bucket, key, secret] = f[..] else {
@@ -458,57 +439,35 @@ fn start() -> Result<Hosts, String> {
                     "CHALK_TRAVEL_S3={s3:?}: expected `endpoint bucket access-key secret-key`"
                 ));
             };
-            let storage = format!(
-                "storage:\n  s3:\n    region: us-east-1\n    regionendpoint: {endpoint}\n    \
-                 bucket: {bucket}\n    forcepathstyle: true\n    secure: false\n    \
-                 v4auth: true\n  redirect:\n    disable: true\n"
-            );
-            let env = vec![
-                ("REGISTRY_STORAGE_S3_ACCESSKEY".to_string(), key.to_string()),
-                (
-                    "REGISTRY_STORAGE_S3_SECRETKEY".to_string(),
-                    secret.to_string(),
-                ),
-            ];
-            let s3 = S3 {
+            Some(S3 {
                 endpoint: endpoint.into(),
                 bucket: bucket.into(),
                 key: key.into(),
                 secret: secret.into(),
-            };
-            (storage, Blobs::S3(s3), env)
+            })
         }
-        _ => (
-            registry::storage_filesystem(dir.path()),
-            Blobs::Dir(dir.path().join("registry")),
-            Vec::new(),
-        ),
+        _ => None,
     };
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let guard = registry::serve_tls(
-        &registry_bin,
-        dir.path(),
-        &addr,
-        &storage,
-        (USER, PASSWORD),
-        &env,
-    )?;
-    // containerd's form: the registry's CA in its host's directory.
-    let hosts_dir = dir.path().join("certs.d");
-    std::fs::create_dir_all(hosts_dir.join(&addr)).map_err(|e| e.to_string())?;
-    std::fs::copy(
-        dir.path().join("ca.crt"),
-        hosts_dir.join(&addr).join("ca.crt"),
-    )
-    .map_err(|e| e.to_string())?;
-    let docker_config = dir.path().join("docker");
-    std::fs::create_dir_all(&docker_config).map_err(|e| e.to_string())?;
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
-    std::fs::write(
-        docker_config.join("config.json"),
-        format!(r#"{{"auths": {{"{addr}": {{"auth": "{auth}"}}}}}}"#),
-    )
-    .map_err(|e| e.to_string())?;
+    let registry = match &s3 {
+        Some(s3) => {
+            let storage = format!(
+                "storage:\n  s3:\n    region: us-east-1\n    regionendpoint: {}\n    \
+                 bucket: {}\n    forcepathstyle: true\n    secure: false\n    \
+                 v4auth: true\n  redirect:\n    disable: true\n",
+                s3.endpoint, s3.bucket
+            );
+            let env = [
+                ("REGISTRY_STORAGE_S3_ACCESSKEY", s3.key.as_str()),
+                ("REGISTRY_STORAGE_S3_SECRETKEY", s3.secret.as_str()),
+            ];
+            Secured::start(&registry_bin, Some(&storage), &env)?
+        }
+        None => Secured::start(&registry_bin, None, &[])?,
+    };
+    let blobs = match s3 {
+        Some(s3) => Blobs::S3(s3),
+        None => Blobs::Dir(registry.blobs()),
+    };
     let a = Containerd::start().map_err(|e| format!("host A: {e}"))?;
     a.import_busybox().map_err(|e| e.to_string())?;
     let b = Containerd::start().map_err(|e| format!("host B: {e}"))?;
@@ -522,12 +481,8 @@ fn start() -> Result<Hosts, String> {
         a: Env { c: a },
         b: Env { c: b },
         c: c.map(|c| Env { c }),
-        addr,
         blobs,
-        hosts_dir,
-        docker_config,
-        _registry: guard,
-        _dir: dir,
+        registry,
     })
 }
 

@@ -15,7 +15,7 @@ use std::{
 
 use chalk_integration::{
     bench::{
-        filled_counter, reap_orphans,
+        filled_counter, machine, reap_orphans,
         report::{self, Group, Meta, Plain, PlotPoint, Row, CHALK, RUNC_SHIM, RUNSC},
         runsc_alone::{size_of, RunscAlone},
         stats::{summarize, Unit},
@@ -770,27 +770,4 @@ fn plot(out: &Path, points: &[PlotPoint], runsc: &str) -> Option<String> {
         .status()
         .is_ok_and(|s| s.success());
     ok.then(|| "memory.png".to_string())
-}
-
-/// CPU model and count, memory, kernel.
-fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!(
-        "{model}, {cores} cores, {:.0} GB memory, Linux {}",
-        mem_kb as f64 / 1e6,
-        kernel.trim()
-    )
 }
