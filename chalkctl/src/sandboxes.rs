@@ -81,6 +81,9 @@ fn describe(client: &Client, c: &Container, snaps: &[crate::registry::Snapshot])
         "parent_sandbox_id": c.labels.get(PARENT_SANDBOX),
         "parent_snapshot_id": c.labels.get(FORKED_FROM),
         "suspended_from": c.labels.get(SUSPENDED_FROM),
+        // Suspended to a registry, its local copy released: where it resumes from.
+        "released_to": c.labels.get(snapshots::RELEASED_TO),
+        "resumed_from": c.labels.get(crate::fork::RESUMED_FROM),
         "snapshots": mine,
     });
     // A lifetime counts from each start; only a running sandbox has time left.

@@ -62,6 +62,29 @@ impl Hosts {
         serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
     }
 
+    /// GET `/v2/<this run's namespace>/<path>` from the registry, as JSON.
+    fn registry_get(&self, path: &str) -> Result<Value, Failed> {
+        let run = self.registry.addr.rsplit(':').next().unwrap_or("0");
+        let url = format!("https://{}/v2/run-{run}/{path}", self.registry.addr);
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sf",
+                "-H",
+                "Accept: application/vnd.oci.image.index.v1+json",
+            ])
+            .arg("--cacert")
+            .arg(self.registry.dir.join("ca.crt"))
+            .args([
+                "-u",
+                &format!("{USER}:{}", chalk_integration::registry::PASSWORD),
+            ])
+            .arg(&url)
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        ensure!(out.status.success(), "GET {url}: {:?}", out.status);
+        serde_json::from_slice(&out.stdout).map_err(|e| Failed::from(format!("{url}: {e}")))
+    }
+
     /// Blob `digest` as the registry stores it (Distribution's layout).
     fn registry_blob(&self, digest: &str) -> Result<Vec<u8>, Failed> {
         match &self.blobs {
@@ -169,6 +192,20 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
             "first push: {pushed}"
         );
         eprintln!("travel: first push {}", pushed["transfer"]);
+        // Distribution has no referrers API: the image's `sha256-<hex>` tag lists the snapshot.
+        let (_, m) = h.a.stored_snapshot(&first)?;
+        let subject = m["subject"]["digest"].as_str().unwrap_or_default();
+        let referrers = h.registry_get(&format!(
+            "travel/tr-src/manifests/{}",
+            subject.replace(':', "-")
+        ))?;
+        ensure!(
+            referrers["manifests"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|d| d["digest"] == first.as_str()
+                    && d["artifactType"] == "application/vnd.chalk.snapshot.v1")),
+            "the referrers tag of {subject}: {referrers}"
+        );
 
         // Suspended to the registry and released: no sandbox and no snapshot left on A.
         let count_before = h.a.count(id)?;
@@ -195,7 +232,13 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
             "A kept the released snapshot {suspended}"
         );
         let listed = h.json(&h.a, &["get", "--id", id])?;
-        ensure!(listed["status"] == "suspended", "A's record: {listed}");
+        ensure!(
+            listed["status"] == "suspended"
+                && listed["released_to"]
+                    .as_str()
+                    .is_some_and(|r| r.ends_with(&format!("@{suspended}"))),
+            "A's record: {listed}"
+        );
 
         // B has no record of the sandbox, nor its image: resume pulls both.
         let started = Instant::now();
@@ -207,10 +250,16 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
             out["pulled"]
         );
         on_b.push(suspended.clone());
+        // (The base image came with it, unless a case running beside this one pulled it.)
         ensure!(
             out["snapshot"] == suspended.as_str()
-                && out["pulled"]["base_image_blobs_moved"].as_u64() > Some(0),
+                && out["pulled"]["bytes_moved"].as_u64() > Some(0),
             "resume on B: {out}"
+        );
+        let on_b_record = h.json(&h.b, &["get", "--id", id])?;
+        ensure!(
+            on_b_record["status"] == "running" && on_b_record["resumed_from"] == suspended.as_str(),
+            "B's record: {on_b_record}"
         );
         let now = h.b.count(id)?;
         ensure!(
@@ -388,6 +437,68 @@ fn wrong_credentials_are_refused_clearly(h: &Hosts) -> TestResult {
     h.a.conclude(result, &[id], &on_a)
 }
 
+/// A pull through a mirror that hosts.toml names, with its own CA file, while the upstream
+/// itself cannot be reached: the snapshot keeps its id.
+fn a_mirror_in_hosts_toml_serves_the_pull(h: &Hosts) -> TestResult {
+    let id = "tr-mirror";
+    let mut on_a = Vec::new();
+    let result = (|| {
+        counter(h, id)?;
+        let snap = h.a.snapshot_of(id)?;
+        on_a.push(snap.clone());
+        let reference = h.reference("travel/mirror:1");
+        h.json(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+        )?;
+        // `upstream.invalid` resolves nowhere; its hosts.toml sends pulls to the registry.
+        let hosts = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let dir = hosts.path().join("upstream.invalid");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let ca = h.registry.hosts_dir.join(&h.registry.addr).join("ca.crt");
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"https://upstream.invalid\"\n\n[host.\"https://{}\"]\n  \
+                 capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+                h.registry.addr,
+                ca.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let upstream = reference.replacen(&h.registry.addr, "upstream.invalid", 1);
+        let hosts_dir = hosts.path().display().to_string();
+        let pulled = h.json(
+            &h.b,
+            &["snapshot", "pull", &upstream, "--hosts-dir", &hosts_dir],
+        )?;
+        ensure!(
+            pulled["id"] == snap.as_str(),
+            "pull through the mirror: {pulled}"
+        );
+        // Pushes do not go to a pull-only mirror: the unreachable upstream is tried.
+        let out = h.chalkctl(
+            &h.b,
+            &[
+                "snapshot",
+                "push",
+                "--snapshot-id",
+                &snap,
+                &upstream,
+                "--hosts-dir",
+                &hosts_dir,
+            ],
+        );
+        ensure!(
+            out.code != 0 && out.stderr.contains("upstream.invalid"),
+            "push with only a pull mirror: {out:?}"
+        );
+        h.json(&h.b, &["snapshot", "delete", "--snapshot-id", &snap])?;
+        Ok(())
+    })();
+    h.a.conclude(result, &[id], &on_a)
+}
+
 /// A host whose runsc is another build refuses the snapshot before fetching any of it.
 fn a_host_with_another_runsc_refuses_before_pulling(h: &Hosts) -> TestResult {
     let Some(c) = &h.c else { return Ok(()) };
@@ -493,6 +604,7 @@ fn main() {
         a_sandbox_travels_between_hosts,
         a_tampered_blob_in_the_registry_is_refused,
         wrong_credentials_are_refused_clearly,
+        a_mirror_in_hosts_toml_serves_the_pull,
     ];
     all.extend(
         cases![a_host_with_another_runsc_refuses_before_pulling]
