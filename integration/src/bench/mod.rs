@@ -28,7 +28,7 @@ pub fn filled_counter(mb: u64) -> String {
 }
 
 /// The programs this process starts and waits for (their `comm`).
-const WAITED_FOR: [&str; 8] = [
+const WAITED_FOR: [&str; 9] = [
     "ctr",
     "chalkctl",
     "runsc",
@@ -37,6 +37,7 @@ const WAITED_FOR: [&str; 8] = [
     "openssl",
     "gnuplot",
     "busybox",
+    "curl",
 ];
 
 /// Makes this process the subreaper of what it starts and reaps orphans promptly, as init

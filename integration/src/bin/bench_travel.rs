@@ -8,7 +8,11 @@
 //!
 //!   chalk-bench-travel [--quick] [--out DIR] [--size MB]
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Duration,
+};
 
 use chalk_integration::{
     bench::{
@@ -20,7 +24,7 @@ use chalk_integration::{
     },
     containerd::program,
     procs::first_line,
-    registry::Secured,
+    registry::{Secured, PASSWORD, USER},
     Containerd,
 };
 use serde_json::Value;
@@ -105,6 +109,96 @@ struct Samples {
     pull_full_rate: Vec<f64>,
     resume_from: Vec<f64>,
     resume_fetched: Vec<f64>,
+    curl_put: Vec<f64>,
+    curl_get: Vec<f64>,
+}
+
+/// curl against the same registry, moving the snapshot's largest file as one blob: the
+/// reference for what the registry and the loopback allow.
+struct Curl<'r> {
+    reg: &'r Secured,
+}
+
+impl Curl<'_> {
+    fn base(&self) -> Command {
+        let mut c = Command::new("curl");
+        c.args(["-sf", "--cacert"])
+            .arg(self.reg.dir.join("ca.crt"))
+            .args(["-u", &format!("{USER}:{PASSWORD}")]);
+        c
+    }
+
+    fn run(mut c: Command, what: &str) -> Result<String, String> {
+        let out = c.output().map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("curl {what}: {:?}", out.status));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A monolithic upload (POST, then PUT of the file) of `file` as blob `digest`.
+    fn put(&self, repo: &str, file: &Path, digest: &str) -> Result<Duration, String> {
+        let mut post = self.base();
+        post.args(["-X", "POST", "-D", "-", "-o", "/dev/null"])
+            .arg(format!(
+                "https://{}/v2/{repo}/blobs/uploads/",
+                self.reg.addr
+            ));
+        let headers = Self::run(post, "POST")?;
+        let location = headers
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Location: ")
+                    .or(l.strip_prefix("location: "))
+            })
+            .map(|l| l.trim().to_string())
+            .ok_or("no upload location")?;
+        let url = if location.starts_with("http") {
+            location
+        } else {
+            format!("https://{}{location}", self.reg.addr)
+        };
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let mut put = self.base();
+        put.arg("-T")
+            .arg(file)
+            .args([
+                "-H",
+                "Content-Type: application/octet-stream",
+                "-o",
+                "/dev/null",
+            ])
+            .arg(format!("{url}{sep}digest={digest}"));
+        Ok(timed(|| Self::run(put, "PUT"))?.0)
+    }
+
+    fn get(&self, repo: &str, digest: &str, to: &Path) -> Result<Duration, String> {
+        let mut get = self.base();
+        get.arg("-o").arg(to).arg(format!(
+            "https://{}/v2/{repo}/blobs/{digest}",
+            self.reg.addr
+        ));
+        let took = timed(|| Self::run(get, "GET"))?.0;
+        let _ = std::fs::remove_file(to);
+        Ok(took)
+    }
+}
+
+/// The digest and file of the largest file of stored snapshot `id` on host `c`.
+fn largest_file(c: &Containerd, id: &str) -> Result<(String, PathBuf), String> {
+    let blobs = c.snapshot_store().join("blobs/sha256");
+    let path = blobs.join(id.trim_start_matches("sha256:"));
+    let m: Value = serde_json::from_slice(&std::fs::read(&path).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let layer = m["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .max_by_key(|l| l["size"].as_u64().unwrap_or(0))
+        .ok_or("the snapshot has no layers")?;
+    let digest = layer["digest"].as_str().unwrap_or_default().to_string();
+    let file = blobs.join(digest.trim_start_matches("sha256:"));
+    Ok((digest, file))
 }
 
 fn run(o: &Opts) -> Result<(), String> {
@@ -146,6 +240,13 @@ fn run(o: &Opts) -> Result<(), String> {
         })?;
         s.push_second.push(ms(took));
         s.push_second_sent.push(mb(bytes_moved(&out["transfer"])));
+        // The same bytes by curl, into a repository of their own.
+        let (digest, file) = largest_file(&a, &second)?;
+        let curl = Curl { reg: &reg };
+        let raw = format!("bench/raw-{i}");
+        s.curl_put.push(ms(curl.put(&raw, &file, &digest)?));
+        s.curl_get
+            .push(ms(curl.get(&raw, &digest, &a.dir().join("curl-get"))?));
         let susp_ref = format!("{repo}:suspended");
         let (took, _) =
             timed(|| on_a.chalkctl(&["suspend", "--id", &id, "--to", &susp_ref, "--release"]))?;
@@ -208,6 +309,11 @@ fn write_report(o: &Opts, s: &Samples) -> Result<(), String> {
                 Unit::Millis,
                 &s.suspend_to,
             ),
+            (
+                "curl: PUT of the largest file (the reference)",
+                Unit::Millis,
+                &s.curl_put,
+            ),
         ]),
     };
     let pull = Plain {
@@ -233,13 +339,22 @@ fn write_report(o: &Opts, s: &Samples) -> Result<(), String> {
                 Unit::Megabytes,
                 &s.resume_fetched,
             ),
+            (
+                "curl: GET of the largest file to disk (the reference)",
+                Unit::Millis,
+                &s.curl_get,
+            ),
         ]),
     };
     let meta = Meta {
         date: chalk_runtime::snapshot::manifest::rfc3339_now(),
         machine: machine(),
         containerd: first_line(&program("CHALK_CONTAINERD", "containerd"), &["--version"]),
-        runsc: first_line(&program("CHALK_RUNSC", "runsc"), &["--version"]),
+        runsc: format!(
+            "{} at {}",
+            first_line(&program("CHALK_RUNSC", "runsc"), &["--version"]),
+            program("CHALK_RUNSC", "runsc").display()
+        ),
         mode: if o.quick {
             "--quick: smoke mode".into()
         } else {

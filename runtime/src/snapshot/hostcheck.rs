@@ -104,16 +104,21 @@ impl Host {
         let cache = FeatureCache::new(opts.root.join(".features"));
         let features = match cache.get(&binary) {
             Some(f) => f,
-            None => Runsc::new(
-                &binary,
-                GlobalArgs {
-                    root: opts.root.clone(),
-                    flags: Vec::new(),
-                },
-                Path::new("/"),
-                Arc::new(crate::runsc::spawn::StdSpawner),
-            )
-            .features()?,
+            None => {
+                let f = Runsc::new(
+                    &binary,
+                    GlobalArgs {
+                        root: opts.root.clone(),
+                        flags: Vec::new(),
+                    },
+                    Path::new("/"),
+                    Arc::new(crate::runsc::spawn::StdSpawner),
+                )
+                .features()?;
+                // The shim's cache: its first sandbox here need not probe runsc again.
+                cache.put(&binary, &f);
+                f
+            }
         };
         let mut global = GlobalArgs {
             root: opts.root.clone(),
