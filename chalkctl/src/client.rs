@@ -350,6 +350,11 @@ impl Client {
             data.chunks(PIECE).collect()
         };
         let last = pieces.len() - 1;
+        // A ref of this writer's own: containerd locks a ref while it is written, and two
+        // chalkctls may store the same blob at once (the second commit finds it there).
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let write_ref = format!("chalkctl-{digest}-{}-{n}", std::process::id());
         let messages: Vec<WriteContentRequest> = pieces
             .into_iter()
             .enumerate()
@@ -359,7 +364,7 @@ impl Client {
                 } else {
                     WriteAction::Write as i32
                 },
-                r#ref: format!("chalkctl-{digest}"),
+                r#ref: write_ref.clone(),
                 total: size,
                 expected: digest.clone(),
                 offset: (i * PIECE) as i64,

@@ -52,7 +52,7 @@ pub(crate) struct Parts {
     manifest: Option<Manifest>,
 }
 
-fn descriptor(v: &Value) -> Descriptor {
+pub(crate) fn descriptor(v: &Value) -> Descriptor {
     Descriptor {
         media_type: v["mediaType"].as_str().unwrap_or_default().to_string(),
         digest: v["digest"].as_str().unwrap_or_default().to_string(),

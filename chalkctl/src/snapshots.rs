@@ -411,9 +411,11 @@ pub fn delete(client: &Client, snap: &Snapshot) -> Result<GcReport> {
     let needing: Vec<String> = client
         .containers()?
         .into_iter()
+        // One suspended to a registry and released resumes from there.
         .filter(|c| {
             c.labels.get(SUSPENDED_FROM).map(String::as_str) == Some(snap.digest.as_str())
                 && !snap.digest.is_empty()
+                && !c.labels.contains_key(RELEASED_TO)
         })
         .map(|c| c.id)
         .collect();
@@ -425,6 +427,11 @@ pub fn delete(client: &Client, snap: &Snapshot) -> Result<GcReport> {
         )
         .into());
     }
+    remove(client, snap)
+}
+
+/// The record, then its ref, then the blobs nothing else needs.
+fn remove(client: &Client, snap: &Snapshot) -> Result<GcReport> {
     client.delete_image(&snap.name)?;
     let store = client.store()?;
     store
@@ -463,18 +470,6 @@ pub const SUSPENDED_FROM: &str = "chalk.io/suspended-from";
 /// The label of a suspended sandbox whose snapshot was pushed and its local copy released:
 /// the registry reference it resumes from.
 pub const RELEASED_TO: &str = "chalk.io/released-to";
-
-/// `delete` for the snapshot of a sandbox suspended to a registry: the record and the store's
-/// copy go although the sandbox resumes from it, since the registry holds it (the caller
-/// labelled the sandbox with [`RELEASED_TO`] first).
-pub fn delete_released(client: &Client, snap: &Snapshot) -> Result<GcReport> {
-    client.delete_image(&snap.name)?;
-    let store = client.store()?;
-    store
-        .remove_ref(&Store::token(client.namespace(), &snap.name))
-        .map_err(|e| Error::from(e.to_string()))?;
-    collect(client, &store)
-}
 
 /// The manifest's main fields, read from the stored checkpoint.
 pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {

@@ -25,21 +25,12 @@ fn json(bytes: &[u8], what: &str) -> Result<Value> {
     serde_json::from_slice(bytes).map_err(|e| Error::from(format!("{what} is not JSON: {e}")))
 }
 
-fn desc(v: &Value) -> Descriptor {
-    Descriptor {
-        media_type: v["mediaType"].as_str().unwrap_or_default().to_string(),
-        digest: v["digest"].as_str().unwrap_or_default().to_string(),
-        size: v["size"].as_i64().unwrap_or_default(),
-        annotations: HashMap::new(),
-    }
-}
-
 /// The config and layers a manifest names.
 fn blobs_of(manifest: &Value) -> Vec<Descriptor> {
     std::iter::once(&manifest["config"])
         .chain(manifest["layers"].as_array().into_iter().flatten())
         .filter(|d| d["digest"].is_string())
-        .map(desc)
+        .map(fork::descriptor)
         .collect()
 }
 
@@ -61,7 +52,7 @@ pub fn push(
     let bytes = client.read_blob(&d.digest)?;
     let manifest = json(&bytes, &format!("image manifest {}", d.digest))?;
     if let Some(children) = manifest["manifests"].as_array() {
-        for child in children.iter().map(desc) {
+        for child in children.iter().map(fork::descriptor) {
             if client.has_blob(&child.digest)? {
                 push(client, s, r, source, &child, t, progress)?;
             }
@@ -114,7 +105,7 @@ pub fn fetch(
         let child = children
             .iter()
             .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
-            .map(desc)
+            .map(fork::descriptor)
             .ok_or_else(|| {
                 Error::from(format!(
                     "base image {} has no linux/{arch} manifest",

@@ -48,7 +48,7 @@ pub fn suspend_to(
     })?;
     let released = if release {
         client.set_container_label(id, RELEASED_TO, Some(&pushed.reference))?;
-        let gc = snapshots::delete_released(client, &snapshot)?;
+        let gc = snapshots::delete(client, &snapshot)?;
         progress.step(&format!(
             "released the local copy ({} freed): {id} resumes from {}",
             snapshots::megabytes(gc.bytes_freed),
