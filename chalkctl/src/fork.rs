@@ -265,6 +265,9 @@ pub fn fork(
         }
     }
     let mut p = parts(client, &snap.index)?;
+    if snap.labels.contains_key(PULLED_FROM) {
+        check_foreign_spec(&p.spec.value)?;
+    }
     p.source = snap.sandbox_id.clone();
     p.members = pod_members(p.manifest.as_ref())?;
     p.lifetime = opts.clone();
@@ -520,6 +523,54 @@ pub fn resume(client: &mut Client, id: &str, progress: &Progress) -> Result<(Str
     Ok((digest, pid))
 }
 
+/// The user label of a snapshot pulled from a registry: where from.
+pub const PULLED_FROM: &str = "pulled-from";
+
+/// Refuses a spec that came with a snapshot from a registry when it would reach this host
+/// further than an image can: bind mounts of host paths, or joining namespaces of processes
+/// already here (a restore must not widen what a sandbox may reach, and the source's host
+/// is not this one).
+pub fn check_foreign_spec(spec_bytes: &[u8]) -> Result<()> {
+    let spec: Value = serde_json::from_slice(spec_bytes)
+        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
+    let binds: Vec<String> = spec["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| chalk_runtime::spec::is_bind_mount(m))
+        .map(|m| {
+            format!(
+                "{} on {}",
+                m["source"].as_str().unwrap_or("?"),
+                m["destination"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    let joins: Vec<String> = spec["linux"]["namespaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["path"].as_str().is_some_and(|p| !p.is_empty()))
+        .map(|n| format!("{} ({})", n["type"].as_str().unwrap_or("?"), n["path"]))
+        .collect();
+    if binds.is_empty() && joins.is_empty() {
+        return Ok(());
+    }
+    let mut what = Vec::new();
+    if !binds.is_empty() {
+        what.push(format!("binds host paths {}", binds.join(", ")));
+    }
+    if !joins.is_empty() {
+        what.push(format!("joins existing namespaces {}", joins.join(", ")));
+    }
+    Err(format!(
+        "the snapshot came from a registry and its spec {}: a sandbox made from it here would \
+         reach this host's files or processes; refused (snapshot a sandbox without them to move it)",
+        what.join("; ")
+    )
+    .into())
+}
+
 /// Set on a sandbox made again on a host that did not know it: the snapshot it resumed from.
 pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
 
@@ -529,6 +580,7 @@ pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
 /// restore fails.
 pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) -> Result<u32> {
     let mut p = parts(client, &snap.index)?;
+    check_foreign_spec(&p.spec.value)?;
     if !pod_members(p.manifest.as_ref())?.is_empty() {
         return Err(format!(
             "snapshot {} is of a pod: a pod resumes on the host that ran it; fork it here              instead (chalkctl fork --snapshot-id)",
@@ -600,6 +652,20 @@ mod tests {
         let err = member_ids("w", &[member("web")]).unwrap_err();
         assert!(err.to_string().contains("pick another --id"), "{err}");
         assert!(member_ids("pf", &[member("a"), member("a-pf")]).is_err());
+    }
+
+    #[test]
+    fn a_foreign_spec_may_not_reach_the_host() {
+        let plain = br#"{"mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}}"#;
+        assert!(check_foreign_spec(plain).is_ok());
+        let bind =
+            br#"{"mounts": [{"destination": "/data", "source": "/", "options": ["rbind"]}]}"#;
+        let err = check_foreign_spec(bind).unwrap_err().to_string();
+        assert!(err.contains("binds host paths / on /data"), "{err}");
+        let join = br#"{"linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}]}}"#;
+        let err = check_foreign_spec(join).unwrap_err().to_string();
+        assert!(err.contains("joins existing namespaces network"), "{err}");
     }
 
     #[test]

@@ -12,10 +12,12 @@ use std::{
 };
 
 use chalk_integration::{
-    cases, ensure,
+    cases,
+    containerd::IMAGE,
+    ensure,
     registry::{Secured, USER},
-    testkit::{self, Env, Failed, TestResult},
-    Containerd, CtrOutput,
+    testkit::{self, Env, Failed, TestResult, COUNTER},
+    Containerd, CtrOutput, RUNTIME,
 };
 use serde_json::Value;
 
@@ -499,6 +501,57 @@ fn a_mirror_in_hosts_toml_serves_the_pull(h: &Hosts) -> TestResult {
     h.a.conclude(result, &[id], &on_a)
 }
 
+/// A snapshot whose spec binds a host path is pushed and pulled, but no sandbox is made from
+/// it on another host: that would reach the other host's files.
+fn a_pulled_snapshot_may_not_bind_host_paths(h: &Hosts) -> TestResult {
+    let id = "tr-bind";
+    let mut on_a = Vec::new();
+    let result = (|| {
+        let shared = h.a.c.dir().join("shared-data");
+        std::fs::create_dir_all(&shared).map_err(|e| e.to_string())?;
+        let mount = format!(
+            "type=bind,src={},dst=/data,options=rbind:ro",
+            shared.display()
+        );
+        let out = h.a.ctr(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--mount",
+            &mount,
+            IMAGE,
+            id,
+            "sh",
+            "-c",
+            COUNTER,
+        ]);
+        ensure!(out.code == 0, "ctr run with a bind mount: {out:?}");
+        h.a.count_reaches(id, 3)?;
+        let snap = h.a.snapshot_of(id)?;
+        on_a.push(snap.clone());
+        let reference = h.reference("travel/bind:1");
+        h.json(
+            &h.a,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+        )?;
+        let out = h.chalkctl(
+            &h.b,
+            &["fork", "--snapshot", &reference, "--fork-id", "tr-bind-f"],
+        );
+        ensure!(
+            out.code != 0
+                && out.stderr.contains("binds host paths")
+                && out.stderr.contains("/data")
+                && h.b.task_status("tr-bind-f").is_none(),
+            "fork on B of a snapshot binding a host path: {out:?}"
+        );
+        h.json(&h.b, &["snapshot", "delete", "--snapshot-id", &snap])?;
+        Ok(())
+    })();
+    h.a.conclude(result, &[id], &on_a)
+}
+
 /// A host whose runsc is another build refuses the snapshot before fetching any of it.
 fn a_host_with_another_runsc_refuses_before_pulling(h: &Hosts) -> TestResult {
     let Some(c) = &h.c else { return Ok(()) };
@@ -605,6 +658,7 @@ fn main() {
         a_tampered_blob_in_the_registry_is_refused,
         wrong_credentials_are_refused_clearly,
         a_mirror_in_hosts_toml_serves_the_pull,
+        a_pulled_snapshot_may_not_bind_host_paths,
     ];
     all.extend(
         cases![a_host_with_another_runsc_refuses_before_pulling]

@@ -130,7 +130,7 @@ pub fn pull(
         created: snapshots::now(),
         error: None,
         base_image: Some(format!("{image}@{}", base.digest)),
-        labels: [("pulled-from".to_string(), r.whole())].into(),
+        labels: [(fork::PULLED_FROM.to_string(), r.whole())].into(),
     };
     client.create_image(snapshots::record(&snapshot, base_desc.clone()))?;
     let token = Store::token(client.namespace(), &snapshot.name);
