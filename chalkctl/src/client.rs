@@ -401,14 +401,10 @@ impl Client {
         let req = self.req(ContentInfoRequest {
             digest: digest.to_string(),
         });
-        match self
+        let found = self
             .rt
-            .block_on(ContentClient::new(self.channel.clone()).info(req))
-        {
-            Ok(_) => Ok(true),
-            Err(e) if e.code() == Code::NotFound => Ok(false),
-            Err(e) => Err(describe(&format!("look up {digest}"), e)),
-        }
+            .block_on(ContentClient::new(self.channel.clone()).info(req));
+        exists(found, &format!("look up {digest}"))
     }
 
     /// Adds `labels` to blob `digest` (the others stay).
@@ -484,14 +480,10 @@ impl Client {
             snapshotter: snapshotter.to_string(),
             key: key.to_string(),
         });
-        match self
+        let found = self
             .rt
-            .block_on(SnapshotsClient::new(self.channel.clone()).stat(req))
-        {
-            Ok(_) => Ok(true),
-            Err(e) if e.code() == Code::NotFound => Ok(false),
-            Err(e) => Err(describe(&format!("look up snapshot {key}"), e)),
-        }
+            .block_on(SnapshotsClient::new(self.channel.clone()).stat(req));
+        exists(found, &format!("look up snapshot {key}"))
     }
 
     /// A new active snapshot `key` on `parent`, and the mounts to write into it.
@@ -667,6 +659,15 @@ impl Client {
                 Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
             }
         }
+    }
+}
+
+/// A lookup's answer as whether the thing exists (containerd says NotFound when it does not).
+fn exists<T>(found: std::result::Result<T, Status>, what: &str) -> Result<bool> {
+    match found {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Code::NotFound => Ok(false),
+        Err(e) => Err(describe(what, e)),
     }
 }
 

@@ -61,7 +61,7 @@ pub(crate) fn descriptor(v: &Value) -> Descriptor {
     }
 }
 
-fn read_json(client: &Client, digest: &str) -> Result<Value> {
+pub(crate) fn read_json(client: &Client, digest: &str) -> Result<Value> {
     serde_json::from_slice(&client.read_blob(digest)?)
         .map_err(|e| Error::from(format!("{digest}: {e}")))
 }
@@ -124,6 +124,12 @@ pub(crate) fn parts(client: &Client, digest: &str) -> Result<Parts> {
     })
 }
 
+/// The snapshot's spec of the container, as JSON.
+fn spec_json(p: &Parts) -> Result<Value> {
+    serde_json::from_slice(&p.spec.value)
+        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))
+}
+
 /// The pod containers a manifest records (none for a plain sandbox).
 fn pod_members(m: Option<&Manifest>) -> Result<Vec<PodMember>> {
     let members = m
@@ -172,16 +178,20 @@ pub(crate) fn image_config(client: &Client, target: &Descriptor) -> Result<(Valu
         .as_str()
         .ok_or("the image's manifest has no config")?;
     let config = read_json(client, config_digest)?;
-    let diff_ids: Vec<&str> = config["rootfs"]["diff_ids"]
+    let chain = chain_ids(&diff_ids(&config))
+        .pop()
+        .ok_or("the image has no layers")?;
+    Ok((config, chain))
+}
+
+/// An image config's layer digests, uncompressed (`rootfs.diff_ids`), bottom first.
+pub(crate) fn diff_ids(config: &Value) -> Vec<&str> {
+    config["rootfs"]["diff_ids"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
-        .collect();
-    let chain = chain_ids(&diff_ids)
-        .pop()
-        .ok_or("the image has no layers")?;
-    Ok((config, chain))
+        .collect()
 }
 
 /// The chain id of each layer of an image whose layers have `diff_ids` (the name of the
@@ -266,7 +276,7 @@ pub fn fork(
     }
     let mut p = parts(client, &snap.index)?;
     if snap.labels.contains_key(PULLED_FROM) {
-        check_foreign_spec(&p.spec.value)?;
+        check_foreign_spec(&spec_json(&p)?)?;
     }
     p.source = snap.sandbox_id.clone();
     p.members = pod_members(p.manifest.as_ref())?;
@@ -318,9 +328,7 @@ fn fork_one(client: &Client, p: &Parts, new: &str, digest: &str, progress: &Prog
         Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
         Err(e) => {
             progress.step(&format!("{new} failed: {e}"));
-            client.kill_and_delete_task(new);
-            client.delete_container(new);
-            client.remove_snapshot(&p.snapshotter, new);
+            undo(client, &p.snapshotter, new);
         }
     }
     Forked {
@@ -375,8 +383,7 @@ pub fn check_memory(each: u64, count: usize, available: Option<u64>, force: bool
 fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
     chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
     client.prepare_snapshot(&p.snapshotter, id, &p.chain_id)?;
-    let mut spec: Value = serde_json::from_slice(&p.spec.value)
-        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
+    let mut spec = spec_json(p)?;
     // A pod's sandbox container (with or without other containers) becomes a pod of its own.
     let is_pod = spec["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID].is_string();
     let pod = is_pod.then_some((p.source.as_str(), id));
@@ -395,9 +402,7 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
         let started = member(client, p, m, member_id, id, snapshot, &mut made);
         if let Err(e) = started {
             for member in made.iter().rev() {
-                client.kill_and_delete_task(member);
-                client.delete_container(member);
-                client.remove_snapshot(&p.snapshotter, member);
+                undo(client, &p.snapshotter, member);
             }
             return Err(format!("pod container {} of the fork: {e}", m.name).into());
         }
@@ -530,9 +535,7 @@ pub const PULLED_FROM: &str = "pulled-from";
 /// further than an image can: bind mounts of host paths, or joining namespaces of processes
 /// already here (a restore must not widen what a sandbox may reach, and the source's host
 /// is not this one).
-pub fn check_foreign_spec(spec_bytes: &[u8]) -> Result<()> {
-    let spec: Value = serde_json::from_slice(spec_bytes)
-        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
+pub fn check_foreign_spec(spec: &Value) -> Result<()> {
     let binds: Vec<String> = spec["mounts"]
         .as_array()
         .into_iter()
@@ -580,10 +583,12 @@ pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
 /// restore fails.
 pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) -> Result<u32> {
     let mut p = parts(client, &snap.index)?;
-    check_foreign_spec(&p.spec.value)?;
+    let spec = spec_json(&p)?;
+    check_foreign_spec(&spec)?;
     if !pod_members(p.manifest.as_ref())?.is_empty() {
         return Err(format!(
-            "snapshot {} is of a pod: a pod resumes on the host that ran it; fork it here              instead (chalkctl fork --snapshot-id)",
+            "snapshot {} is of a pod: a pod resumes on the host that ran it; fork it here \
+             instead (chalkctl fork --snapshot-id)",
             short(&snap.digest)
         )
         .into());
@@ -595,8 +600,6 @@ pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) ->
     chalk_runtime::ids::container_id(&id).map_err(|e| Error::from(e.to_string()))?;
     p.source = snap.sandbox_id.clone();
     client.lease(&format!("chalkctl-resume-{id}"))?;
-    let spec: Value = serde_json::from_slice(&p.spec.value)
-        .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))?;
     let image = format!("{}@{}", p.image, p.base.digest);
     let mut container = fork_container(&p, &id, image, &p.base.digest, &spec, &snap.digest)?;
     container.labels.remove(FORKED_FROM);
@@ -614,11 +617,17 @@ pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) ->
         || client.start_task(&container, Some(&p.checkpoint)),
     );
     if started.is_err() {
-        client.kill_and_delete_task(&id);
-        client.delete_container(&id);
-        client.remove_snapshot(&p.snapshotter, &id);
+        undo(client, &p.snapshotter, &id);
     }
     started
+}
+
+/// Removes sandbox `id` that a fork or resume got part of the way to making: its task, its
+/// container and its root filesystem snapshot, whichever exist.
+fn undo(client: &Client, snapshotter: &str, id: &str) {
+    client.kill_and_delete_task(id);
+    client.delete_container(id);
+    client.remove_snapshot(snapshotter, id);
 }
 
 /// The first 12 hex digits of a digest, as `ctr` and `docker` shorten ids.
@@ -656,15 +665,17 @@ mod tests {
 
     #[test]
     fn a_foreign_spec_may_not_reach_the_host() {
-        let plain = br#"{"mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}}"#;
-        assert!(check_foreign_spec(plain).is_ok());
-        let bind =
-            br#"{"mounts": [{"destination": "/data", "source": "/", "options": ["rbind"]}]}"#;
-        let err = check_foreign_spec(bind).unwrap_err().to_string();
+        let plain = serde_json::json!({
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
+        assert!(check_foreign_spec(&plain).is_ok());
+        let bind = serde_json::json!(
+            {"mounts": [{"destination": "/data", "source": "/", "options": ["rbind"]}]});
+        let err = check_foreign_spec(&bind).unwrap_err().to_string();
         assert!(err.contains("binds host paths / on /data"), "{err}");
-        let join = br#"{"linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}]}}"#;
-        let err = check_foreign_spec(join).unwrap_err().to_string();
+        let join = serde_json::json!(
+            {"linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}]}});
+        let err = check_foreign_spec(&join).unwrap_err().to_string();
         assert!(err.contains("joins existing namespaces network"), "{err}");
     }
 

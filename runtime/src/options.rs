@@ -225,6 +225,19 @@ impl RuntimeOptions {
         Ok(flags)
     }
 
+    /// The overlay flag the shim adds to runsc's: its memory overlay (root filesystem writes
+    /// stay in sandbox memory, where a checkpoint captures them), unless these options choose
+    /// an overlay themselves.
+    pub fn added_overlay_flag(
+        &self,
+        features: &crate::runsc::features::Features,
+    ) -> Option<&'static str> {
+        let chosen = ["overlay", "overlay2"]
+            .iter()
+            .any(|k| self.runsc_config.contains_key(*k));
+        features.memory_overlay_flag().filter(|_| !chosen)
+    }
+
     /// The runsc `--root` for one containerd namespace, so namespaces never see each other's ids.
     pub fn runsc_root(&self, namespace: &str) -> Result<PathBuf> {
         crate::ids::validate("namespace", namespace)?;

@@ -133,12 +133,7 @@ fn runsc_for(
             runsc.add_flag("--network=none");
         }
     }
-    // Root filesystem writes stay in sandbox memory, where a checkpoint captures them,
-    // unless the options choose an overlay themselves.
-    let user_overlay = ["overlay", "overlay2"]
-        .iter()
-        .any(|k| opts.runsc_config.contains_key(*k));
-    if let (false, Some(flag)) = (user_overlay, features.memory_overlay_flag()) {
+    if let Some(flag) = opts.added_overlay_flag(&features) {
         runsc.add_flag(flag);
     }
     FEATURES

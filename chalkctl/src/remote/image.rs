@@ -122,14 +122,12 @@ pub fn fetch(
         top = (child, bytes);
     }
     let blobs = blobs_of(&manifest);
-    let missing: Vec<&Descriptor> = blobs
-        .iter()
-        .map(|b| Ok((b, client.has_blob(&b.digest)?)))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .filter(|(_, has)| !has)
-        .map(|(b, _)| b)
-        .collect();
+    let mut missing = Vec::new();
+    for b in &blobs {
+        if !client.has_blob(&b.digest)? {
+            missing.push(b);
+        }
+    }
     if !missing.is_empty() {
         progress.step(&format!(
             "fetching base image {} ({} blob(s))",
@@ -184,16 +182,8 @@ fn unpack(
     progress: &Progress,
 ) -> Result<()> {
     let (config, layers) = blobs.split_first().ok_or("the base image has no config")?;
-    let config_json = json(
-        &client.read_blob(&config.digest)?,
-        "the base image's config",
-    )?;
-    let diff_ids: Vec<&str> = config_json["rootfs"]["diff_ids"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let config_json = fork::read_json(client, &config.digest)?;
+    let diff_ids = fork::diff_ids(&config_json);
     if diff_ids.len() != layers.len() {
         return Err(format!(
             "the base image's config lists {} layers, its manifest {}",

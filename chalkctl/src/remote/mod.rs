@@ -41,6 +41,18 @@ pub fn reference(text: &str) -> Result<Reference> {
     Ok(r)
 }
 
+/// An OCI descriptor of the snapshot store as containerd's API takes it.
+fn to_containerd(
+    d: &chalk_runtime::snapshot::oci::Descriptor,
+) -> containerd_client::types::Descriptor {
+    containerd_client::types::Descriptor {
+        media_type: d.media_type.clone(),
+        digest: d.digest.clone(),
+        size: d.size as i64,
+        annotations: Default::default(),
+    }
+}
+
 /// What a transfer moved and what it found already there.
 #[derive(Debug, Default, Clone)]
 pub struct Transfer {

@@ -13,12 +13,7 @@ use chalk_runtime::snapshot::{
 };
 use oci_client::RegistryOperation;
 
-use super::{
-    hosts::Use,
-    image,
-    session::{self, Session},
-    Access, Transfer,
-};
+use super::{hosts::Use, image, session, Access, Transfer};
 use crate::{
     client::Client,
     fork,
@@ -64,8 +59,9 @@ pub fn pull(
     let Some((s, (bytes, id))) = found else {
         return Err(Error::from(tried.join("; then ")));
     };
+    let store = client.store()?;
     if let Ok(existing) = snapshots::find(client, &id) {
-        if existing.status == Status::Completed && client.store()?.open_snapshot(&id).is_ok() {
+        if existing.status == Status::Completed && store.open_snapshot(&id).is_ok() {
             progress.step(&format!("snapshot {} is already here", fork::short(&id)));
             return Ok(Pulled {
                 snapshot: existing,
@@ -79,17 +75,10 @@ pub fn pull(
         ))
     };
     let oci_manifest = ImageManifest::parse(&bytes).map_err(not_ours)?;
-    if oci_manifest.artifact_type.as_deref() != Some(oci::ARTIFACT) {
-        return Err(not_ours(format!(
-            "its artifactType is {:?}, not {}",
-            oci_manifest.artifact_type,
-            oci::ARTIFACT
-        )));
-    }
+    // Refuses any other artifact type.
     let layout = oci_manifest.layout().map_err(not_ours)?;
     s.login(&r, RegistryOperation::Pull)?;
     let chalk = s.blob(&r, &layout.chalk_manifest.digest, SMALL)?;
-    let store = client.store()?;
     let m = Manifest::parse(&chalk, store.root()).map_err(|e| Error::from(e.to_string()))?;
     check_host(client, &m, reference)?;
     let spec = s.blob(&r, &layout.spec.digest, SMALL)?;
@@ -107,12 +96,7 @@ pub fn pull(
         .subject
         .clone()
         .ok_or_else(|| not_ours("it names no base image (subject)".to_string()))?;
-    let base_desc = containerd_client::types::Descriptor {
-        media_type: base.media_type.clone(),
-        digest: base.digest.clone(),
-        size: base.size as i64,
-        annotations: Default::default(),
-    };
+    let base_desc = super::to_containerd(&base);
     image::fetch(client, &s, &r, &base_desc, &snapshotter, &mut t, progress)?;
 
     // The record comes first, in progress and pointing at the base image, as for a snapshot
@@ -145,16 +129,16 @@ pub fn pull(
             }
             let hex = oci::sha256_hex_of(&d.digest)
                 .ok_or_else(|| not_ours(format!("{} is not a sha256 digest", d.digest)))?;
-            let title = d.title().unwrap_or("blob").to_string();
-            fetch_file(&s, &r, d, &title, &ingest.part_path(hex), progress)?;
+            let title = d.title().unwrap_or("blob");
+            let part = ingest.part_path(hex);
+            progress.during(&format!("fetching {title} ({})", megabytes(d.size)), || {
+                s.blob_to_file(&r, &d.digest, d.size, &part)
+            })?;
             t.moved(d.size);
         }
         let small: [&[u8]; 3] = [&chalk, &spec, &config];
-        store
+        let (_, stored) = store
             .import(ingest, client.namespace(), &bytes, &small)
-            .map_err(|e| Error::from(e.to_string()))?;
-        let stored = store
-            .open_snapshot(&id)
             .map_err(|e| Error::from(e.to_string()))?;
         let index = snapshots::record_index(client, &stored, &snapshotter)?;
         snapshot.status = Status::Completed;
@@ -195,17 +179,4 @@ fn check_host(client: &Client, m: &Manifest, reference: &str) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-fn fetch_file(
-    s: &Session,
-    r: &oci_client::Reference,
-    d: &oci::Descriptor,
-    title: &str,
-    part: &std::path::Path,
-    progress: &Progress,
-) -> Result<()> {
-    progress.during(&format!("fetching {title} ({})", megabytes(d.size)), || {
-        s.blob_to_file(r, &d.digest, d.size, part, &|_| {})
-    })
 }

@@ -68,12 +68,7 @@ pub fn push(
     let mut t = Transfer::default();
 
     if let Some(base) = &stored.layout.subject {
-        let base = containerd_client::types::Descriptor {
-            media_type: base.media_type.clone(),
-            digest: base.digest.clone(),
-            size: base.size as i64,
-            annotations: Default::default(),
-        };
+        let base = super::to_containerd(base);
         // Blobs of the image's own repository on the same registry are mounted, not sent.
         let source = stored
             .manifest

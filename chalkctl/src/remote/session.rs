@@ -132,11 +132,25 @@ impl Session {
     /// Manifest `r` (by tag or digest) as the registry stores it, and its digest (checked
     /// against the reference's own digest when it has one).
     pub fn manifest(&self, r: &Reference, accept: &[&str]) -> Result<(Bytes, String)> {
+        self.try_manifest(r, accept)?.ok_or_else(|| {
+            let at = self.at(r).whole();
+            Error::from(format!(
+                "fetch the manifest of {at}: {at} does not exist (404)"
+            ))
+        })
+    }
+
+    /// Like [`Session::manifest`], None when there is no such manifest.
+    pub fn try_manifest(&self, r: &Reference, accept: &[&str]) -> Result<Option<(Bytes, String)>> {
         let at = self.at(r);
-        let (bytes, _) = self
+        let bytes = match self
             .rt
             .block_on(self.client.pull_manifest_raw(&at, &self.auth, accept))
-            .map_err(|e| self.explain("fetch the manifest", &at, e))?;
+        {
+            Ok((bytes, _)) => bytes,
+            Err(e) if not_found(&e) => return Ok(None),
+            Err(e) => return Err(self.explain("fetch the manifest", &at, e)),
+        };
         let digest = format!("sha256:{:x}", Sha256::digest(&bytes));
         if let Some(want) = r.digest() {
             if want != digest {
@@ -148,20 +162,7 @@ impl Session {
                 .into());
             }
         }
-        Ok((bytes, digest))
-    }
-
-    /// Like [`Session::manifest`], None when there is no such manifest.
-    pub fn try_manifest(&self, r: &Reference, accept: &[&str]) -> Result<Option<(Bytes, String)>> {
-        let at = self.at(r);
-        match self
-            .rt
-            .block_on(self.client.pull_manifest_raw(&at, &self.auth, accept))
-        {
-            Ok((bytes, digest)) => Ok(Some((bytes, digest))),
-            Err(e) if not_found(&e) => Ok(None),
-            Err(e) => Err(self.explain("fetch the manifest", &at, e)),
-        }
+        Ok(Some((bytes, digest)))
     }
 
     /// Whether the repository of `r` holds manifest `digest`.
@@ -268,14 +269,7 @@ impl Session {
     /// removed, unless it is `size` bytes that hash to `digest`. oci-client's blob stream
     /// hashes what it yields and fails its last read on a mismatch, so the bytes are hashed
     /// once, on the way (a second hash here cost a quarter of a 1 GB pull).
-    pub fn blob_to_file(
-        &self,
-        r: &Reference,
-        digest: &str,
-        size: u64,
-        path: &Path,
-        progress: &dyn Fn(u64),
-    ) -> Result<()> {
+    pub fn blob_to_file(&self, r: &Reference, digest: &str, size: u64, path: &Path) -> Result<()> {
         let at = self.at(r);
         let fetched = self.rt.block_on(async {
             let file = tokio::fs::OpenOptions::new()
@@ -298,7 +292,6 @@ impl Session {
                     ))));
                 }
                 file.write_all(&chunk).await?;
-                progress(got);
             }
             file.flush().await?;
             Ok(got)

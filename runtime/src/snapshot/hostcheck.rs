@@ -124,10 +124,7 @@ impl Host {
             root: opts.root.clone(),
             flags,
         };
-        let user_overlay = ["overlay", "overlay2"]
-            .iter()
-            .any(|k| opts.runsc_config.contains_key(*k));
-        if let (false, Some(flag)) = (user_overlay, features.memory_overlay_flag()) {
+        if let Some(flag) = opts.added_overlay_flag(&features) {
             global.flags.push(flag.to_string());
         }
         let info = HostInfo::current();

@@ -294,14 +294,14 @@ impl Store {
     /// manifest as fetched, the bytes of its small blobs (chalk manifest, spec, config), and
     /// each file either already in the store or written at [`Ingest::part_path`] by a caller
     /// that checked it against its digest. The manifest is read back whole (both manifests
-    /// must list the same files) before the ref is written.
+    /// must list the same files) before the ref is written; that reading is returned too.
     pub fn import(
         &self,
         mut ingest: Ingest,
         namespace: &str,
         manifest_bytes: &[u8],
         small: &[&[u8]],
-    ) -> Result<Committed> {
+    ) -> Result<(Committed, Stored)> {
         let bad = |m: String| store_error(&self.root, format!("import {}: {m}", ingest.token));
         let oci = ImageManifest::parse(manifest_bytes).map_err(bad)?;
         let layout = oci.layout().map_err(bad)?;
@@ -342,12 +342,13 @@ impl Store {
         let text = serde_json::to_vec(&r).map_err(|e| Error::parse("ref", e))?;
         write_atomic(&self.root.join("refs").join(&ingest.token), &text, 0o600)?;
         ingest.finish();
-        Ok(Committed {
+        let committed = Committed {
             manifest,
             manifest_bytes: manifest_bytes.to_vec(),
             stored,
             reused,
-        })
+        };
+        Ok((committed, snap))
     }
 
     /// Renames `file` into the blob `hex` (it is sealed, so its digest is known): whether it
@@ -942,7 +943,7 @@ mod tests {
         let ingest = b.begin_ingest("default+pulled").unwrap();
         let state = oci::sha256_digest(b"state");
         fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
-        let got = b
+        let (got, _) = b
             .import(ingest, "default", &c.manifest_bytes, &small)
             .unwrap();
         assert_eq!(
