@@ -17,12 +17,13 @@ use containerd_client::{
             PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
         },
         tasks_client::TasksClient,
-        ApplyRequest, CheckpointTaskRequest, Container, CreateContainerRequest, CreateImageRequest,
-        CreateRequest as CreateLease, CreateTaskRequest, DeleteContainerRequest,
-        DeleteImageRequest, DeleteRequest as DeleteLease, DeleteTaskRequest, GetContainerRequest,
-        GetImageRequest, GetRequest as GetTaskRequest, Image, Info as ContentInfo,
-        InfoRequest as ContentInfoRequest, KillRequest, ListContainersRequest, ListImagesRequest,
-        ReadContentRequest, StartRequest, UpdateContainerRequest, UpdateImageRequest,
+        AddResourceRequest, ApplyRequest, CheckpointTaskRequest, Container, CreateContainerRequest,
+        CreateImageRequest, CreateRequest as CreateLease, CreateTaskRequest,
+        DeleteContainerRequest, DeleteImageRequest, DeleteRequest as DeleteLease,
+        DeleteTaskRequest, GetContainerRequest, GetImageRequest, GetRequest as GetTaskRequest,
+        Image, Info as ContentInfo, InfoRequest as ContentInfoRequest, KillRequest,
+        ListContainersRequest, ListImagesRequest, ReadContentRequest, Resource as LeaseResource,
+        StartRequest, UpdateContainerRequest, UpdateImageRequest,
         UpdateRequest as UpdateContentRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
@@ -118,7 +119,10 @@ impl Client {
     }
 
     /// Takes a lease that expires by itself after an hour, should chalkctl die holding it.
+    /// One taken before goes first: each step of a command (a pull, then a restore) has made
+    /// what it protected reachable from a record by the time the next begins.
     pub fn lease(&mut self, id: &str) -> Result<()> {
+        self.release();
         let mut labels = HashMap::new();
         labels.insert("containerd.io/gc.expire".to_string(), expire_in(3600));
         let req = self.req(CreateLease {
@@ -130,6 +134,26 @@ impl Client {
             .map_err(|e| describe("create a lease", e))?;
         self.lease = Some(id.to_string());
         Ok(())
+    }
+
+    /// Adds `id` of `kind` (`content`, `snapshots/<snapshotter>`) to the lease this client
+    /// holds, so that containerd's garbage collector keeps it while the command works (it may
+    /// belong to another command that fails meanwhile); nothing without a lease.
+    pub fn hold(&self, kind: &str, id: &str) -> Result<()> {
+        let Some(lease) = &self.lease else {
+            return Ok(());
+        };
+        let req = self.req(AddResourceRequest {
+            id: lease.clone(),
+            resource: Some(LeaseResource {
+                id: id.to_string(),
+                r#type: kind.to_string(),
+            }),
+        });
+        self.rt
+            .block_on(LeasesClient::new(self.channel.clone()).add_resource(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("hold {id} in the lease"), e))
     }
 
     pub fn release(&mut self) {

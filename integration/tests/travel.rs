@@ -295,6 +295,16 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
         ensure!(out["forks"][0]["id"] == fork, "fork on B: {out}");
         let n = h.b.count(fork)?;
         h.b.count_reaches(fork, n + 2)?;
+        // Every chalkctl above has ended: none left a lease behind on either host.
+        for (host, env) in [("A", &h.a), ("B", &h.b)] {
+            let leases = env.ctr(&["leases", "ls", "-q"]);
+            let left: Vec<&str> = leases
+                .stdout
+                .lines()
+                .filter(|l| l.starts_with("chalkctl-"))
+                .collect();
+            ensure!(left.is_empty(), "leases left on {host}: {left:?}");
+        }
         Ok(())
     })();
     // B first: the same ids run there, and A's check looks for any process of them.

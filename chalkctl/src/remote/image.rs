@@ -124,7 +124,7 @@ pub fn fetch(
     let blobs = blobs_of(&manifest);
     let mut missing = Vec::new();
     for b in &blobs {
-        if !client.has_blob(&b.digest)? {
+        if !held(client, &b.digest)? {
             missing.push(b);
         }
     }
@@ -163,7 +163,7 @@ pub fn fetch(
 }
 
 fn fetch_manifest(client: &Client, s: &Session, r: &Reference, d: &Descriptor) -> Result<Vec<u8>> {
-    if client.has_blob(&d.digest)? {
+    if held(client, &d.digest)? {
         return client.read_blob(&d.digest);
     }
     if d.size as u64 > SMALL {
@@ -171,6 +171,13 @@ fn fetch_manifest(client: &Client, s: &Session, r: &Reference, d: &Descriptor) -
     }
     let (bytes, _) = s.manifest(&r.clone_with_digest(d.digest.clone()), MANIFEST_TYPES)?;
     Ok(bytes.to_vec())
+}
+
+/// Whether containerd has blob `digest`, held in this command's lease first: a blob this
+/// pull finds and does not write again must outlive another command that made it and fails.
+fn held(client: &Client, digest: &str) -> Result<bool> {
+    client.hold("content", digest)?;
+    client.has_blob(digest)
 }
 
 /// Applies the image's layers that `snapshotter` lacks, each onto the one below, with
@@ -195,6 +202,8 @@ fn unpack(
     let chains = fork::chain_ids(&diff_ids);
     let mut parent = String::new();
     for ((layer, chain), diff) in layers.iter().zip(&chains).zip(&diff_ids) {
+        // Held first, then looked up: what is found stays until the record names it.
+        client.hold(&format!("snapshots/{snapshotter}"), chain)?;
         if !client.snapshot_exists(snapshotter, chain)? {
             progress.step(&format!("unpacking layer {}", fork::short(&layer.digest)));
             let key = format!(
