@@ -23,7 +23,7 @@ pub const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count;
 /// /tmp is in the memory-backed root overlay), then `/tmp/ready`.
 pub fn filled_counter(mb: u64) -> String {
     format!(
-        "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={mb} 2>/dev/null; touch /tmp/ready; {COUNTER}"
+        "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={mb} iflag=fullblock 2>/dev/null; touch /tmp/ready; {COUNTER}"
     )
 }
 

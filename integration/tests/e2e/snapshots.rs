@@ -497,7 +497,9 @@ pub fn failed_snapshot_never_costs_the_source(e: &Env) -> TestResult {
         e.remove(id);
     }
     // 32 MiB in the sandbox's memory: its checkpoint cannot fit in 8 MiB.
-    let filler = format!("dd if=/dev/urandom of=/tmp/fill bs=1M count=32 2>/dev/null; {COUNTER}");
+    let filler = format!(
+        "dd if=/dev/urandom of=/tmp/fill bs=1M count=32 iflag=fullblock 2>/dev/null; {COUNTER}"
+    );
     let small = SmallFs::mount(e.c.dir().join("small"), 8)?;
     let api = e.api();
     let result = (|| {

@@ -25,7 +25,7 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
     let mut taken = Vec::new();
     let result = (|| {
         let fill =
-            format!("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=8 2>/dev/null; {COUNTER}");
+            format!("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=8 iflag=fullblock 2>/dev/null; {COUNTER}");
         e.run_detached(src, &["sh", "-c", &fill])?;
         e.count_reaches(src, 3)?;
         let content_before = size_of(&content_store(e));
