@@ -627,12 +627,17 @@ impl Store {
                 continue;
             };
             live.insert(hex.to_string());
-            let Ok(m) = self
-                .read_blob(&digest)
-                .and_then(|b| ImageManifest::parse(&b).map_err(|e| store_error(&self.root, e)))
+            // Read as it is, unverified: a manifest changed in place still names the blobs
+            // its snapshot needs (a restore refuses it; gc must not take its files).
+            let Ok(m) = fs::read(self.root.join("blobs/sha256").join(hex))
+                .map_err(|e| e.to_string())
+                .and_then(|b| ImageManifest::parse(&b))
             else {
-                log::warn!("snapshot store: manifest {digest} of a ref is unreadable");
-                continue;
+                log::warn!(
+                    "snapshot store: manifest {digest} of a ref is unreadable: nothing is \
+                     collected"
+                );
+                return Ok(report);
             };
             for d in std::iter::once(&m.config).chain(&m.layers) {
                 if let Some(hex) = oci::sha256_hex_of(&d.digest) {
