@@ -22,9 +22,9 @@ use containerd_client::{
         DeleteContainerRequest, DeleteImageRequest, DeleteRequest as DeleteLease,
         DeleteTaskRequest, GetContainerRequest, GetImageRequest, GetRequest as GetTaskRequest,
         Image, Info as ContentInfo, InfoRequest as ContentInfoRequest, KillRequest,
-        ListContainersRequest, ListImagesRequest, ReadContentRequest, Resource as LeaseResource,
-        StartRequest, UpdateContainerRequest, UpdateImageRequest,
-        UpdateRequest as UpdateContentRequest, WriteAction, WriteContentRequest,
+        ListContainersRequest, ListImagesRequest, ReadContentRequest, ResizePtyRequest,
+        Resource as LeaseResource, StartRequest, UpdateContainerRequest, UpdateImageRequest,
+        UpdateRequest as UpdateContentRequest, WaitRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
     types::{Descriptor, Mount},
@@ -34,6 +34,16 @@ use containerd_client::{
 use crate::error::Error;
 pub use crate::error::Result;
 use chalk_runtime::snapshot::manifest::ImageRef;
+
+/// Where a task's stdio goes: fifos (or files) its client owns, and whether its init has a
+/// terminal (then stdout carries both output streams and stderr is empty).
+#[derive(Debug, Clone, Default)]
+pub struct Stdio {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
 
 pub struct Client {
     rt: tokio::runtime::Runtime,
@@ -582,6 +592,28 @@ impl Client {
 
     /// Creates the task of container `c` (from `checkpoint`, if given) and starts it: its pid.
     pub fn start_task(&self, c: &Container, checkpoint: Option<&Descriptor>) -> Result<u32> {
+        // A sandbox whose init has a terminal keeps one (with no client attached, the shim
+        // drains it): its processes were made on a terminal and go on expecting one.
+        let terminal = crate::sandboxes::spec_of(c)["process"]["terminal"]
+            .as_bool()
+            .unwrap_or(false);
+        let io = Stdio {
+            terminal,
+            ..Default::default()
+        };
+        self.start_task_with(c, checkpoint, &io, None)
+    }
+
+    /// As [`Client::start_task`], with the task's stdio attached to `io`, and its terminal
+    /// given `size` (columns, rows) between Create and Start: a restored shell's first
+    /// prompt is then drawn for the window it is in.
+    pub fn start_task_with(
+        &self,
+        c: &Container,
+        checkpoint: Option<&Descriptor>,
+        io: &Stdio,
+        size: Option<(u32, u32)>,
+    ) -> Result<u32> {
         let req = self.req(MountsRequest {
             snapshotter: c.snapshotter.clone(),
             key: c.snapshot_key.clone(),
@@ -592,21 +624,22 @@ impl Client {
             .map_err(|e| describe(&format!("root filesystem of {}", c.id), e))?
             .into_inner()
             .mounts;
-        // A sandbox whose init has a terminal keeps one (with no client attached, the shim
-        // drains it): its processes were made on a terminal and go on expecting one.
-        let terminal = crate::sandboxes::spec_of(c)["process"]["terminal"]
-            .as_bool()
-            .unwrap_or(false);
         let req = self.req(CreateTaskRequest {
             container_id: c.id.clone(),
             rootfs: mounts,
             checkpoint: checkpoint.cloned(),
-            terminal,
+            terminal: io.terminal,
+            stdin: io.stdin.clone(),
+            stdout: io.stdout.clone(),
+            stderr: io.stderr.clone(),
             ..Default::default()
         });
         self.rt
             .block_on(TasksClient::new(self.channel.clone()).create(req))
             .map_err(|e| describe(&format!("create the task of {}", c.id), e))?;
+        if let Some((cols, rows)) = size {
+            self.resize_pty(&c.id, cols, rows)?;
+        }
         let req = self.req(StartRequest {
             container_id: c.id.clone(),
             exec_id: String::new(),
@@ -615,6 +648,36 @@ impl Client {
             .block_on(TasksClient::new(self.channel.clone()).start(req))
             .map(|r| r.into_inner().pid)
             .map_err(|e| describe(&format!("start {}", c.id), e))
+    }
+
+    /// Sets the window size of the terminal of sandbox `id`'s init.
+    pub fn resize_pty(&self, id: &str, cols: u32, rows: u32) -> Result<()> {
+        let req = self.req(ResizePtyRequest {
+            container_id: id.to_string(),
+            exec_id: String::new(),
+            width: cols,
+            height: rows,
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).resize_pty(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("resize the terminal of {id}"), e))
+    }
+
+    /// Waits for the init of sandbox `id` to exit: its exit status (None when it has no task).
+    pub fn wait(&self, id: &str) -> Result<Option<u32>> {
+        let req = self.req(WaitRequest {
+            container_id: id.to_string(),
+            exec_id: String::new(),
+        });
+        match self
+            .rt
+            .block_on(TasksClient::new(self.channel.clone()).wait(req))
+        {
+            Ok(r) => Ok(Some(r.into_inner().exit_status)),
+            Err(e) if e.code() == Code::NotFound => Ok(None),
+            Err(e) => Err(describe(&format!("wait for {id}"), e)),
+        }
     }
 
     /// The task's status (`running`, `paused`, `created`, `stopped`) and pid; None without

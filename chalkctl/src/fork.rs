@@ -13,7 +13,7 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::{
-    client::{Client, Result},
+    client::{Client, Result, Stdio},
     progress::Progress,
     snapshots::{self, CHECKPOINT_SPEC, CHECKPOINT_TAR, RUNTIME},
     Error,
@@ -254,6 +254,46 @@ pub fn fork(
     opts: &ForkOptions,
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
+    let (snap, p) = forkable(client, query, opts, count)?;
+    let stamp: String = snapshots::now()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    check_ids(id, &snap.sandbox_id, count)?;
+    let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
+    let workers = pool_size(count);
+    progress.step(&format!(
+        "snapshot {} of {} verified; forking {count} ({workers} at a time)",
+        short(&snap.digest),
+        snap.sandbox_id
+    ));
+    client.lease(&format!("chalkctl-fork-{stamp}"))?;
+    let client = &*client;
+    let p = &p;
+    let digest = snap.digest.as_str();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: std::sync::Mutex<Vec<Option<Forked>>> =
+        std::sync::Mutex::new((0..count).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(new) = ids.get(i) else { break };
+                let forked = fork_one(client, p, new, digest, progress);
+                done.lock().unwrap()[i] = Some(forked);
+            });
+        }
+    });
+    Ok(done.into_inner().unwrap().into_iter().flatten().collect())
+}
+
+/// Snapshot `query` and what its restore needs, checked for `count` forks with `opts`.
+fn forkable(
+    client: &Client,
+    query: &str,
+    opts: &ForkOptions,
+    count: usize,
+) -> Result<(Snapshot, Parts)> {
     let snap = snapshots::find(client, query)?;
     match snap.status {
         Status::Completed => {}
@@ -287,43 +327,36 @@ pub fn fork(
         host_available_memory(),
         opts.force,
     )?;
-    let stamp: String = snapshots::now()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect();
-    check_ids(id, &snap.sandbox_id, count)?;
-    let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
-    let workers = pool_size(count);
-    progress.step(&format!(
-        "snapshot {} of {} verified; forking {count} ({workers} at a time)",
-        short(&snap.digest),
-        snap.sandbox_id
-    ));
-    client.lease(&format!("chalkctl-fork-{stamp}"))?;
-    let client = &*client;
-    let p = &p;
-    let digest = snap.digest.as_str();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: std::sync::Mutex<Vec<Option<Forked>>> =
-        std::sync::Mutex::new((0..count).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let Some(new) = ids.get(i) else { break };
-                let forked = fork_one(client, p, new, digest, progress);
-                done.lock().unwrap()[i] = Some(forked);
-            });
-        }
-    });
-    Ok(done.into_inner().unwrap().into_iter().flatten().collect())
+    Ok((snap, p))
+}
+
+/// One fork of snapshot `query` as sandbox `new`, its stdio on `io` and its terminal sized
+/// `size` before it runs: a fork a terminal client attaches to (the web demo's panes).
+/// Removed whole when it fails.
+pub fn fork_to(
+    client: &mut Client,
+    query: &str,
+    new: &str,
+    opts: &ForkOptions,
+    io: &Stdio,
+    size: Option<(u32, u32)>,
+) -> Result<u32> {
+    let (snap, p) = forkable(client, query, opts, 1)?;
+    check_ids(Some(new), &snap.sandbox_id, 1)?;
+    client.lease(&format!("chalkctl-fork-{new}"))?;
+    let pid = one(client, &p, new, &snap.digest, Some((io, size)));
+    if pid.is_err() {
+        undo(client, &p.snapshotter, new);
+    }
+    client.release();
+    pid
 }
 
 /// Makes fork `new` and reports it; one that fails is removed, whatever it got to.
 fn fork_one(client: &Client, p: &Parts, new: &str, digest: &str, progress: &Progress) -> Forked {
     let started = Instant::now();
     progress.step(&format!("restoring {new} ..."));
-    let pid = one(client, p, new, digest);
+    let pid = one(client, p, new, digest, None);
     match &pid {
         Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
         Err(e) => {
@@ -380,7 +413,13 @@ pub fn check_memory(each: u64, count: usize, available: Option<u64>, force: bool
     .into())
 }
 
-fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
+fn one(
+    client: &Client,
+    p: &Parts,
+    id: &str,
+    snapshot: &str,
+    io: Option<(&Stdio, Option<(u32, u32)>)>,
+) -> Result<u32> {
     chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
     client.prepare_snapshot(&p.snapshotter, id, &p.chain_id)?;
     let mut spec = spec_json(p)?;
@@ -393,7 +432,10 @@ fn one(client: &Client, p: &Parts, id: &str, snapshot: &str) -> Result<u32> {
     let image = format!("{}@{}", p.image, p.base.digest);
     let container = fork_container(p, id, image, &p.base.digest, &spec, snapshot)?;
     client.create_container(container.clone())?;
-    let pid = client.start_task(&container, Some(&p.checkpoint))?;
+    let pid = match io {
+        Some((io, size)) => client.start_task_with(&container, Some(&p.checkpoint), io, size)?,
+        None => client.start_task(&container, Some(&p.checkpoint))?,
+    };
     // The sandbox waits for its pod's containers: starting each restores it into the
     // sandbox (runsc matches them by their CRI names), the last one completes the restore.
     let mut made = Vec::new();
@@ -515,15 +557,29 @@ fn fork_container(
 
 /// Brings suspended sandbox `id` back under the same id from the snapshot it records.
 pub fn resume(client: &mut Client, id: &str, progress: &Progress) -> Result<(String, u32)> {
+    resume_with(client, id, None, progress)
+}
+
+/// As [`resume`], the restored task's stdio on `io` (its terminal sized before it runs).
+pub fn resume_with(
+    client: &mut Client,
+    id: &str,
+    io: Option<(&Stdio, Option<(u32, u32)>)>,
+    progress: &Progress,
+) -> Result<(String, u32)> {
     let container = client.container(id)?;
     let Some(digest) = container.labels.get(snapshots::SUSPENDED_FROM).cloned() else {
         return Err(format!("sandbox {id} is not suspended").into());
     };
     let p = parts(client, &snapshots::find(client, &digest)?.index)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
-    let pid = progress.during(&format!("restoring {id} from {}", short(&digest)), || {
-        client.start_task(&container, Some(&p.checkpoint))
-    })?;
+    let pid = progress.during(
+        &format!("restoring {id} from {}", short(&digest)),
+        || match io {
+            Some((io, size)) => client.start_task_with(&container, Some(&p.checkpoint), io, size),
+            None => client.start_task(&container, Some(&p.checkpoint)),
+        },
+    )?;
     client.set_container_label(id, snapshots::SUSPENDED_FROM, None)?;
     Ok((digest, pid))
 }

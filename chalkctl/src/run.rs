@@ -11,7 +11,7 @@ use containerd_client::services::v1::{container::Runtime, Container};
 use serde_json::{json, Value};
 
 use crate::{
-    client::{Client, Result},
+    client::{Client, Result, Stdio},
     fork::image_config,
     snapshots::RUNTIME,
     Error,
@@ -125,13 +125,37 @@ pub fn run(
     lifetime: (Option<&str>, Option<&str>),
     cmd: &[String],
 ) -> Result<u32> {
+    let make_spec = |config: &Value| spec(id, config, lifetime, cmd);
+    create(
+        client,
+        image,
+        id,
+        snapshotter,
+        HashMap::new(),
+        make_spec,
+        None,
+    )
+}
+
+/// Makes sandbox `id` from `image` with the spec `make_spec` builds from the image's config,
+/// the container labelled `labels`, and starts it, its stdio on `io` (with the terminal's
+/// size) when given; returns its pid. Nothing is left when it fails.
+pub fn create(
+    client: &mut Client,
+    image: &str,
+    id: &str,
+    snapshotter: &str,
+    labels: HashMap<String, String>,
+    make_spec: impl FnOnce(&Value) -> Result<Value>,
+    io: Option<(&Stdio, Option<(u32, u32)>)>,
+) -> Result<u32> {
     chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
     let record = client.image(image)?;
     let target = record
         .target
         .ok_or_else(|| Error::from(format!("image {image} has no target")))?;
     let (config, chain_id) = image_config(client, &target)?;
-    let spec = spec(id, &config, lifetime, cmd)?;
+    let spec = make_spec(&config)?;
     client.lease(&format!("chalkctl-run-{id}"))?;
     client
         .prepare_snapshot(snapshotter, id, &chain_id)
@@ -140,7 +164,7 @@ pub fn run(
         })?;
     let container = Container {
         id: id.to_string(),
-        labels: HashMap::new(),
+        labels,
         image: image.to_string(),
         runtime: Some(Runtime {
             name: RUNTIME.into(),
@@ -156,12 +180,16 @@ pub fn run(
     };
     let started = client
         .create_container(container.clone())
-        .and_then(|_| client.start_task(&container, None));
+        .and_then(|_| match io {
+            Some((io, size)) => client.start_task_with(&container, None, io, size),
+            None => client.start_task(&container, None),
+        });
     if started.is_err() {
-        client.delete_task(id);
+        client.kill_and_delete_task(id);
         client.delete_container(id);
         client.remove_snapshot(snapshotter, id);
     }
+    client.release();
     started
 }
 

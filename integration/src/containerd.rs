@@ -44,7 +44,7 @@ pub fn chalkctl_binary() -> io::Result<PathBuf> {
 
 /// `var` if set, else `name` in the cargo profile directory this executable runs from
 /// (target/<profile>/, also for tests in target/<profile>/deps/).
-fn built_binary(var: &str, name: &str) -> io::Result<PathBuf> {
+pub fn built_binary(var: &str, name: &str) -> io::Result<PathBuf> {
     if let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(p));
     }

@@ -10,6 +10,7 @@ pub mod procs;
 pub mod registry;
 pub mod testkit;
 pub mod tty;
+pub mod web;
 
 pub use containerd::{Containerd, CtrOutput};
 

@@ -1,0 +1,134 @@
+//! chalk-web (the demo pages' server) against a private containerd: started on its own
+//! fifo directory, its URL read from the line it prints once it listens.
+
+use std::{
+    io::{self, BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    containerd::{built_binary, IMAGE},
+    Containerd,
+};
+
+/// Where chalk-web was built: `CHALK_WEB`, else next to this executable.
+pub fn web_binary() -> io::Result<PathBuf> {
+    built_binary("CHALK_WEB", "chalk-web")
+}
+
+pub struct Web {
+    child: Child,
+    pub url: String,
+    state: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Web {
+    /// Starts chalk-web on `listen` (port 0: any free one) for `c`'s namespace and image,
+    /// with `extra` flags; waits (up to 30 s) until it serves.
+    pub fn start(c: &Containerd, listen: &str, extra: &[&str]) -> io::Result<Self> {
+        let state = tempfile::Builder::new()
+            .prefix("chalk-web-")
+            .tempdir_in("/run")
+            .or_else(|_| tempfile::Builder::new().prefix("chalk-web-").tempdir())?;
+        let log = c.dir().join("chalk-web.log");
+        let mut child = Command::new(web_binary()?)
+            .arg("--listen")
+            .arg(listen)
+            .arg("--address")
+            .arg(c.socket())
+            .arg("--namespace")
+            .arg(&c.namespace)
+            .arg("--config")
+            .arg(c.options_path())
+            .arg("--image")
+            .arg(IMAGE)
+            .arg("--state-dir")
+            .arg(state.path().join("fifos"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("chalk-web: serving ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other(format!(
+                    "chalk-web did not serve within 30 s: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )));
+            }
+        };
+        Ok(Web {
+            child,
+            url,
+            state,
+            log,
+        })
+    }
+
+    /// The directory its terminals' fifos are made in.
+    pub fn fifo_dir(&self) -> PathBuf {
+        self.state.path().join("fifos")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Stops it as a service manager would (SIGTERM) and waits up to a minute for it to have
+    /// removed its sandboxes and exited.
+    pub fn stop(&mut self) -> io::Result<ExitStatus> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return Err(io::Error::other(
+                    "chalk-web did not exit within 60 s of SIGTERM",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills it as a crash would (SIGKILL): its sandboxes are left for the next run.
+    pub fn crash(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Blocks until it exits by itself (a Ctrl-C in the terminal reaches it too).
+    pub fn wait(&mut self) -> io::Result<ExitStatus> {
+        self.child.wait()
+    }
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.stop();
+        }
+    }
+}
