@@ -21,7 +21,8 @@ pub fn web_binary() -> io::Result<PathBuf> {
 pub struct Web {
     child: Child,
     pub url: String,
-    state: tempfile::TempDir,
+    /// Its state directory (where its fifos are; its labels name it); None once crashed.
+    state: Option<tempfile::TempDir>,
     log: PathBuf,
 }
 
@@ -33,7 +34,22 @@ impl Web {
             .prefix("chalk-web-")
             .tempdir_in("/run")
             .or_else(|_| tempfile::Builder::new().prefix("chalk-web-").tempdir())?;
-        let log = c.dir().join("chalk-web.log");
+        Self::start_in(c, listen, extra, state)
+    }
+
+    /// As [`Web::start`], on the state directory of an earlier server (see [`Web::crash`]).
+    pub fn start_in(
+        c: &Containerd,
+        listen: &str,
+        extra: &[&str],
+        state: tempfile::TempDir,
+    ) -> io::Result<Self> {
+        let name = state
+            .path()
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy();
+        let log = c.dir().join(format!("{name}.log"));
         let mut child = Command::new(web_binary()?)
             .arg("--listen")
             .arg(listen)
@@ -75,14 +91,16 @@ impl Web {
         Ok(Web {
             child,
             url,
-            state,
+            state: Some(state),
             log,
         })
     }
 
     /// The directory its terminals' fifos are made in.
     pub fn fifo_dir(&self) -> PathBuf {
-        self.state.path().join("fifos")
+        self.state
+            .as_ref()
+            .map_or_else(PathBuf::new, |s| s.path().join("fifos"))
     }
 
     pub fn log(&self) -> String {
@@ -113,10 +131,12 @@ impl Web {
         }
     }
 
-    /// Kills it as a crash would (SIGKILL): its sandboxes are left for the next run.
-    pub fn crash(&mut self) {
+    /// Kills it as a crash would (SIGKILL): its sandboxes are left for the next server on
+    /// the state directory returned.
+    pub fn crash(mut self) -> tempfile::TempDir {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.state.take().expect("a state directory")
     }
 
     /// Blocks until it exits by itself (a Ctrl-C in the terminal reaches it too).

@@ -66,6 +66,7 @@ fn run() -> Result {
         .env("CHALK_WEB_URL", &web.url)
         .env("CHALK_WEB_ARTIFACTS", &artifacts)
         .env("CHALK_WEB_PER_CLIENT", PER_CLIENT)
+        .env("CHALK_STORE_REFS", c.snapshot_store().join("refs"))
         .env("CHROMIUM", &chromium)
         .status()
         .map_err(|e| format!("run node: {e}"))?;
@@ -92,17 +93,28 @@ fn run() -> Result {
     nothing_left(&c, &web, &format!("after SIGTERM with {id} running"))?;
 
     step("a crashed server's sandboxes are reclaimed by the next one");
-    let mut web = Web::start(&c, "127.0.0.1:0", &[]).map_err(|e| e.to_string())?;
+    let web = Web::start(&c, "127.0.0.1:0", &[]).map_err(|e| e.to_string())?;
     let mut page = Page::open(&web.url)?;
     let running = page.launch()?;
     let suspended = page.launch()?;
     page.post(&format!("/api/sandboxes/{suspended}/suspend"), 200)?;
-    web.crash();
+    let state = web.crash();
     let snapshots = snapshot_records(&c)?;
     if snapshots.is_empty() {
         return Err("the suspended sandbox's snapshot is missing before the restart".into());
     }
-    let web = Web::start(&c, "127.0.0.1:0", &[]).map_err(|e| e.to_string())?;
+    // Another server's sandbox, on another state directory: not this one's to reclaim.
+    let other = Web::start(&c, "127.0.0.1:0", &[]).map_err(|e| e.to_string())?;
+    let theirs = Page::open(&other.url)?.launch()?;
+    let web = Web::start_in(&c, "127.0.0.1:0", &[], state).map_err(|e| e.to_string())?;
+    let (status, _, _) = Page::open(&other.url)?.request("GET", "/api/info", "")?;
+    let alive = c.ctr(["tasks", "ls"]).stdout;
+    if status != 200 || !alive.contains(&theirs) {
+        return Err(format!(
+            "a restart reclaimed another server's sandbox {theirs}: {alive}"
+        ));
+    }
+    drop(other);
     if !web
         .log()
         .contains("removed 2 sandboxes an earlier run left")
@@ -136,6 +148,45 @@ fn run() -> Result {
         std::thread::sleep(Duration::from_millis(500));
     }
     nothing_left(&c, &web, "after the lifetime ended")?;
+    drop(web);
+
+    step("beyond loopback it needs a token; with one, nothing is served without it");
+    let refused = std::process::Command::new(
+        chalk_integration::web::web_binary().map_err(|e| e.to_string())?,
+    )
+    .args(["--listen", "0.0.0.0:0", "--address"])
+    .arg(c.socket())
+    .output()
+    .map_err(|e| e.to_string())?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    if refused.status.success() || !said.contains("needs --token") {
+        return Err(format!(
+            "chalk-web on 0.0.0.0 without a token: {} {said}",
+            refused.status
+        ));
+    }
+    let token = "0123456789abcdef0123";
+    let web = Web::start(&c, "127.0.0.1:0", &["--token", token]).map_err(|e| e.to_string())?;
+    let (status, _, _) = Page::at(&web.url, "").request("GET", "/split", "")?;
+    if status != 401 {
+        return Err(format!("the page without the token: {status}"));
+    }
+    let page = Page::open_path(&web.url, &format!("/split?token={token}"))?;
+    if !page.cookie.contains("chalk_token=") {
+        return Err(format!("no token cookie set: {}", page.cookie));
+    }
+    let mut with = page;
+    let (ok, _, _) = with.request("GET", "/api/info", "")?;
+    let bare = with
+        .cookie
+        .split("; ")
+        .filter(|c| !c.starts_with("chalk_token="))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let (no, _, _) = Page::at(&web.url, &bare).request("GET", "/api/info", "")?;
+    if ok != 200 || no != 401 {
+        return Err(format!("the API with the token: {ok}, without it: {no}"));
+    }
     Ok(())
 }
 
@@ -255,18 +306,28 @@ struct Page {
 }
 
 impl Page {
-    fn open(url: &str) -> Result<Self> {
+    /// A client holding `cookie`.
+    fn at(url: &str, cookie: &str) -> Self {
         let addr = url
             .trim_start_matches("http://")
             .trim_end_matches('/')
             .to_string();
-        let mut page = Page {
+        Page {
             addr,
-            cookie: String::new(),
-        };
-        let (status, head, _) = page.request("GET", "/split", "")?;
+            cookie: cookie.to_string(),
+        }
+    }
+
+    fn open(url: &str) -> Result<Self> {
+        Self::open_path(url, "/split")
+    }
+
+    /// Opens the page at `path`, keeping the cookies it sets.
+    fn open_path(url: &str, path: &str) -> Result<Self> {
+        let mut page = Self::at(url, "");
+        let (status, head, _) = page.request("GET", path, "")?;
         if status != 200 {
-            return Err(format!("GET /split: {status}"));
+            return Err(format!("GET {path}: {status}"));
         }
         page.cookie = head
             .lines()

@@ -81,10 +81,9 @@ class Pane {
       if (s && navigator.clipboard) navigator.clipboard.writeText(s);
       return false;
     }
-    if (e.code === 'KeyV') {
-      if (navigator.clipboard) navigator.clipboard.readText().then((t) => this.term.paste(t));
-      return false;
-    }
+    // The browser's own paste (its event reaches xterm.js) does the pasting: only keep
+    // the key itself from the terminal.
+    if (e.code === 'KeyV') return false;
     return true;
   }
 

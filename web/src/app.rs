@@ -26,10 +26,13 @@ use crate::{
     terminal::{self, Ends, Fifos},
 };
 
-/// On every container the server makes: what it reclaims at start and at exit.
+/// On every container the server makes, its value the server's state directory (one per
+/// server): what a server reclaims at start is only its own.
 pub const OWNER_LABEL: &str = "chalk.io/web";
-/// On every snapshot the server takes: the sandbox it was taken for (deleted when unused).
+/// On every snapshot the server takes: the sandbox it was taken for (deleted when unused)...
 const SNAPSHOT_LABEL: &str = "chalk-web";
+/// ... and the server that took it (its state directory).
+const SNAPSHOT_SERVER_LABEL: &str = "chalk-web-server";
 const REPLAY_BYTES: usize = 256 * 1024;
 /// How long an exited sandbox stays listed (its exit code shown) before it is forgotten.
 const EXITED_KEPT: Duration = Duration::from_secs(600);
@@ -313,6 +316,19 @@ impl App {
         }))
     }
 
+    /// The value of this server's labels: its state directory.
+    fn owner(&self) -> String {
+        self.cfg.state_dir.display().to_string()
+    }
+
+    /// The labels of a snapshot taken for sandbox `for_id`.
+    fn snapshot_labels(&self, for_id: &str) -> Vec<(String, String)> {
+        vec![
+            (SNAPSHOT_LABEL.to_string(), for_id.to_string()),
+            (SNAPSHOT_SERVER_LABEL.to_string(), self.owner()),
+        ]
+    }
+
     fn client(&self) -> ApiResult<Client> {
         let mut c = Client::connect(&self.cfg.address, &self.cfg.namespace)?;
         if let Some(path) = &self.cfg.runtime_config {
@@ -428,7 +444,7 @@ impl App {
         let (app, id) = (self.clone(), entry.id.clone());
         let (pid, expires) = blocking(move || {
             let mut client = app.client()?;
-            let labels = HashMap::from([(OWNER_LABEL.to_string(), "1".to_string())]);
+            let labels = HashMap::from([(OWNER_LABEL.to_string(), app.owner())]);
             let image = app.cfg.image.clone();
             let snapshotter = app.cfg.snapshotter.clone();
             let pid = run::create(
@@ -483,7 +499,7 @@ impl App {
         let (app, from, new) = (self.clone(), source.id.clone(), fork.id.clone());
         let made = blocking(move || {
             let mut client = app.client()?;
-            let made = split_blocking(&mut client, &from, &new, &stdio, size);
+            let made = split_blocking(&app, &mut client, (&from, &new), &stdio, size);
             // The snapshot served its purpose (or failed): whatever became of it goes.
             delete_snapshots_for(&client, &new);
             made
@@ -520,7 +536,7 @@ impl App {
         let done = blocking(move || {
             let mut client = app.client()?;
             let started = Instant::now();
-            let labels = vec![(SNAPSHOT_LABEL.to_string(), sid.clone())];
+            let labels = app.snapshot_labels(&sid);
             let taken = snapshots::create(&mut client, &sid, labels, true, &Progress::quiet());
             let snap = match taken {
                 Ok(s) => s,
@@ -758,16 +774,25 @@ impl App {
             .client()
             .map_err(|e| chalkctl::Error::from(e.message))?;
         let mut n = 0;
+        let owner = self.owner();
         for c in client.containers()? {
-            if c.labels.contains_key(OWNER_LABEL) {
+            if c.labels.get(OWNER_LABEL) == Some(&owner) {
                 remove_sandbox(&client, &c.snapshotter, &c.id);
                 n += 1;
             }
         }
         for snap in snapshots::all(&client)? {
-            if snap.labels.contains_key(SNAPSHOT_LABEL) {
+            if snap.labels.get(SNAPSHOT_SERVER_LABEL) == Some(&owner) {
                 let _ = snapshots::delete(&client, &snap);
             }
+        }
+        // The dead server's fifos: nothing has them open any more.
+        for dir in std::fs::read_dir(&self.cfg.state_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir_all(dir.path());
         }
         Ok(n)
     }
@@ -775,14 +800,14 @@ impl App {
 
 /// The split itself: snapshot `from` (running on), fork it as `new`; the times it took.
 fn split_blocking(
+    app: &App,
     client: &mut Client,
-    from: &str,
-    new: &str,
+    (from, new): (&str, &str),
     stdio: &Stdio,
     size: (u32, u32),
 ) -> ApiResult<(u32, Value, Option<String>)> {
     let started = Instant::now();
-    let labels = vec![(SNAPSHOT_LABEL.to_string(), new.to_string())];
+    let labels = app.snapshot_labels(new);
     let snap = snapshots::create(client, from, labels, false, &Progress::quiet())?;
     let snapshot_ms = millis(started);
     let bytes = snapshots::stored_manifest(client, &snap.index)
@@ -799,7 +824,7 @@ fn split_blocking(
         Some(size),
     )?;
     let restore_ms = millis(restoring);
-    if let Err(e) = client.set_container_label(new, OWNER_LABEL, Some("1")) {
+    if let Err(e) = client.set_container_label(new, OWNER_LABEL, Some(&app.owner())) {
         remove_sandbox(client, "", new);
         return Err(e.into());
     }

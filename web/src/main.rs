@@ -96,7 +96,11 @@ fn serve(args: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("start a runtime: {e}"))?;
+    // The App (and the containerd client in it, which owns a runtime of its own) outlives the
+    // async runtime: dropping it inside would panic.
+    let served = app.clone();
     rt.block_on(async move {
+        let app = served;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| format!("listen on {}: {e}", args.listen))?;
@@ -124,7 +128,7 @@ fn serve(args: Args) -> Result<(), String> {
         app.shutdown().await;
         served
     })?;
-    // The control client's runtime must not be dropped inside the async one.
     rt.shutdown_timeout(Duration::from_secs(1));
+    drop(app);
     Ok(())
 }

@@ -53,7 +53,7 @@ async function until(page, what, f, ok, arg, timeout = 30000) {
     if (ok(last)) return last;
     if (Date.now() > end) {
       const err = await page.$eval('#error', (e) => e.textContent).catch(() => '');
-      assert.fail(`${what}: not seen within ${timeout} ms; last: ${JSON.stringify(last).slice(-1500)}; page error: ${err}`);
+      assert.fail(`${what}: not seen within ${timeout} ms; last: ${String(JSON.stringify(last)).slice(-1500)}; page error: ${err}`);
     }
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -108,6 +108,9 @@ async function split(page, source) {
   assert.match(head, new RegExp(`forked from ${source}`));
   assert.match(head, /split in [\d.]+ s \(snapshot [\d.]+ s, restore [\d.]+ s/);
   const view = (await apiFrom(page, 'GET', `/api/sandboxes/${fork}`)).body;
+  if (process.env.CHALK_STORE_REFS) {
+    assert.deepEqual(fs.readdirSync(process.env.CHALK_STORE_REFS), [], 'the split\'s snapshot was left in the store');
+  }
   return { fork, seen, view };
 }
 
@@ -176,6 +179,28 @@ test('split a live terminal into forks', async () => {
   await seeIn(page, b, /^after-int-2$/m, 'the repainted screen');
   await typeIn(page, b, 'echo still-$((2+3))\n');
   await seeIn(page, b, /^still-5$/m, 'typing after the reconnect');
+  // Copy and paste: Ctrl+Shift+V pastes the clipboard into the shell, Ctrl+Shift+C copies
+  // the selection.
+  await browser.defaultBrowserContext().overridePermissions(new URL(BASE).origin,
+    ['clipboard-read', 'clipboard-write', 'clipboard-sanitized-write']);
+  await page.bringToFront();
+  await page.evaluate(() => navigator.clipboard.writeText('echo pasted-$((6*7))'));
+  await page.click(`section.pane[data-id="${b}"] .term`);
+  const chord = async (key) => {
+    await page.keyboard.down('Control');
+    await page.keyboard.down('Shift');
+    await page.keyboard.press(key);
+    await page.keyboard.up('Shift');
+    await page.keyboard.up('Control');
+  };
+  await chord('KeyV');
+  await seeIn(page, b, /# echo pasted-\$\(\(6\*7\)\)$/m, 'the pasted command line');
+  await page.keyboard.press('Enter');
+  await seeIn(page, b, /^pasted-42$/m, 'the pasted command run');
+  await page.evaluate((id) => window.chalk.panes.get(id).pane.term.selectAll(), b);
+  await chord('KeyC');
+  const copied = await until(page, 'the selection copied', () => navigator.clipboard.readText(), (t) => /pasted-42/.test(t));
+  assert.match(copied, /still-5/);
   await shot(page, 'split-three-panes');
   fs.copyFileSync(path.join(ART, `${String(shots).padStart(2, '0')}-split-three-panes.png`), path.join(ART, 'split.png'));
 
