@@ -699,7 +699,7 @@ impl App {
         let app = self.clone();
         tokio::spawn(async move {
             let (a, id) = (app.clone(), entry.id.clone());
-            let code = blocking(move || Ok(a.control.wait(&id)?)).await;
+            let code = blocking(move || Ok(wait_for_exit(&a.control, &id))).await;
             let current = {
                 let i = entry.lock();
                 i.task == task && i.state == State::Running && i.busy != Some("suspending")
@@ -864,6 +864,26 @@ fn remove_sandbox(client: &Client, snapshotter: &str, id: &str) {
     client.delete_container(id);
     if !snapshotter.is_empty() {
         client.remove_snapshot(&snapshotter, id);
+    }
+}
+
+/// Waits for sandbox `id`'s init to exit: its exit status (None once it has no task). A
+/// wait cut short (containerd restarting) is waited again while the task still runs.
+fn wait_for_exit(client: &Client, id: &str) -> Option<u32> {
+    loop {
+        match client.wait(id) {
+            Ok(code) => return code,
+            Err(e) => {
+                eprintln!("chalk-web: wait for {id}: {e}");
+                std::thread::sleep(Duration::from_secs(1));
+                match client.task_status(id) {
+                    Ok(Some((status, _))) if status != "stopped" => continue,
+                    Ok(_) => return None,
+                    // containerd not answering yet: keep waiting for it.
+                    Err(_) => continue,
+                }
+            }
+        }
     }
 }
 
