@@ -13,6 +13,8 @@
 //! - [`lifetime`]: a sandbox's lifetime and what happens when it ends (annotations).
 //! - [`ids`]: validation of container and exec ids before they reach a path or argv.
 
+#[cfg(test)]
+mod bad_input;
 pub mod bundle;
 pub mod caps;
 pub mod error;

@@ -18,6 +18,13 @@ use crate::{Error, Result};
 pub const FILE_NAME: &str = "chalk.manifest.json";
 /// The schema this build writes and the only one it restores.
 pub const SCHEMA_VERSION: u32 = 1;
+/// The largest manifest read: a real one is a few KiB (a file entry is about 200 bytes).
+pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
+/// The most files a snapshot may hold: runsc writes a handful per sandbox (a few more per
+/// pod container and GPU); anything near this is not a checkpoint.
+pub const MAX_FILES: usize = 1024;
+/// The longest file name (relative path) in a snapshot.
+pub const MAX_PATH_BYTES: usize = 255;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -237,8 +244,19 @@ impl Manifest {
         Self::parse(&bytes, dir)
     }
 
-    /// A manifest from its bytes (`place`, where it came from, goes into errors).
+    /// A manifest from its bytes (`place`, where it came from, goes into errors): refused,
+    /// with the field or bound named, unless it is schema 1 within the bounds and every file
+    /// entry is a plain relative name (once) with a sha256 digest.
     pub fn parse(bytes: &[u8], place: &Path) -> Result<Self> {
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(snapshot_error(
+                place,
+                format!(
+                    "{FILE_NAME} has {} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have",
+                    bytes.len()
+                ),
+            ));
+        }
         let raw: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| snapshot_error(place, format!("{FILE_NAME} is not valid JSON: {e}")))?;
         match raw["schema_version"].as_u64() {
@@ -252,8 +270,59 @@ impl Manifest {
                 ))
             }
         }
-        serde_json::from_value(raw)
-            .map_err(|e| snapshot_error(place, format!("{FILE_NAME} does not fit schema 1: {e}")))
+        if let Some(n) = raw["files"]
+            .as_array()
+            .map(Vec::len)
+            .filter(|n| *n > MAX_FILES)
+        {
+            return Err(snapshot_error(
+                place,
+                format!(
+                    "{FILE_NAME} lists {n} files, more than the {MAX_FILES} a snapshot may hold"
+                ),
+            ));
+        }
+        let m: Manifest = serde_path_to_error::deserialize(raw).map_err(|e| {
+            snapshot_error(
+                place,
+                format!(
+                    "{FILE_NAME} does not fit schema 1: {}: {}",
+                    e.path(),
+                    e.inner()
+                ),
+            )
+        })?;
+        m.check_files().map_err(|e| snapshot_error(place, e))?;
+        Ok(m)
+    }
+
+    /// Each file entry a plain relative name within the bound, listed once, with a sha256.
+    fn check_files(&self) -> std::result::Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, f) in self.files.iter().enumerate() {
+            if f.path.len() > MAX_PATH_BYTES {
+                return Err(format!(
+                    "files[{i}].path has {} bytes, more than {MAX_PATH_BYTES}",
+                    f.path.len()
+                ));
+            }
+            if !is_plain_relative(&f.path) {
+                return Err(format!(
+                    "files[{i}].path {:?} is not a plain relative name inside the snapshot",
+                    f.path
+                ));
+            }
+            if !seen.insert(f.path.as_str()) {
+                return Err(format!("files[{i}].path {:?} is listed twice", f.path));
+            }
+            if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "files[{i}].sha256 {:?} is not a sha256 digest (64 hex digits)",
+                    f.sha256
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks that `dir` holds exactly the manifest's files, each of its size and sha256.

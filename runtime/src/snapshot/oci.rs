@@ -141,8 +141,26 @@ pub struct Layout {
 }
 
 impl ImageManifest {
+    /// An OCI manifest of a snapshot from its bytes, within the bounds of a chalk manifest
+    /// (its size; a layer per file, two more).
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("not an OCI image manifest: {e}"))
+        use super::manifest::{MAX_FILES, MAX_MANIFEST_BYTES};
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(format!(
+                "the OCI manifest has {} bytes, more than the {MAX_MANIFEST_BYTES} a snapshot's may have",
+                bytes.len()
+            ));
+        }
+        let m: Self =
+            serde_json::from_slice(bytes).map_err(|e| format!("not an OCI image manifest: {e}"))?;
+        if m.layers.len() > MAX_FILES + 2 {
+            return Err(format!(
+                "the OCI manifest has {} layers, more than the {} of a snapshot of {MAX_FILES} files",
+                m.layers.len(),
+                MAX_FILES + 2
+            ));
+        }
+        Ok(m)
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -171,7 +189,12 @@ impl ImageManifest {
             match l.media_type.as_str() {
                 CHALK_MANIFEST => chalk_manifest = Some(l.clone()),
                 SPEC => spec = Some(l.clone()),
-                _ if super::manifest::is_plain_relative(title) => files.push(l.clone()),
+                _ if super::manifest::is_plain_relative(title) => {
+                    if files.iter().any(|f: &Descriptor| f.title() == Some(title)) {
+                        return Err(format!("two layers name file {title:?}"));
+                    }
+                    files.push(l.clone())
+                }
                 _ => {
                     return Err(format!(
                         "layer {} names file {title:?}, which is not a plain relative name",
