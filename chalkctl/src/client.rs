@@ -166,6 +166,17 @@ impl Client {
             .map_err(|e| describe(&format!("hold {id} in the lease"), e))
     }
 
+    /// Deletes lease `id` (one a dead chalkctl left), if it exists.
+    pub fn delete_lease(&self, id: &str) {
+        let req = self.req(DeleteLease {
+            id: id.to_string(),
+            sync: false,
+        });
+        let _ = self
+            .rt
+            .block_on(LeasesClient::new(self.channel.clone()).delete(req));
+    }
+
     pub fn release(&mut self) {
         if let Some(id) = self.lease.take() {
             let req = self.req(DeleteLease { id, sync: false });

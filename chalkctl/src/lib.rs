@@ -6,6 +6,7 @@
 pub mod client;
 pub mod error;
 pub mod fork;
+pub mod owner;
 pub mod progress;
 pub mod registry;
 #[cfg(feature = "remote")]

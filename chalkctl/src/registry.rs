@@ -18,6 +18,9 @@ pub const LABEL_CREATED: &str = "chalk.io/created";
 pub const LABEL_ID: &str = "chalk.io/snapshot-id";
 /// The image the snapshot restores onto, as `name@digest`.
 pub const LABEL_BASE: &str = "chalk.io/base-image";
+/// The process taking an `in_progress` snapshot (see [`Owner`]): when it is gone and the
+/// snapshot is not stored, nothing will complete the record, and the next command settles it.
+pub const LABEL_OWNER: &str = "chalk.io/owner";
 /// User labels are stored under this prefix, so they never collide with the ones above.
 pub const USER_PREFIX: &str = "chalk.io/label.";
 /// containerd's limit on a label's key plus value.
@@ -80,7 +83,37 @@ pub struct Snapshot {
     pub created: String,
     pub error: Option<String>,
     pub base_image: Option<String>,
+    /// Who is taking it, while it is in progress.
+    pub owner: Option<Owner>,
     pub labels: BTreeMap<String, String>,
+}
+
+/// A process, told apart from a later one with its pid: the boot it ran in and its start
+/// time (clock ticks after boot, as /proc/<pid>/stat says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub boot: String,
+    pub pid: u32,
+    pub start: u64,
+}
+
+impl Owner {
+    pub fn to_label(&self) -> String {
+        format!("{}/{}/{}", self.boot, self.pid, self.start)
+    }
+
+    pub fn parse(s: &str) -> Option<Owner> {
+        let mut parts = s.split('/');
+        let (boot, pid, start) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || boot.is_empty() {
+            return None;
+        }
+        Some(Owner {
+            boot: boot.to_string(),
+            pid: pid.parse().ok()?,
+            start: start.parse().ok()?,
+        })
+    }
 }
 
 impl Snapshot {
@@ -111,6 +144,7 @@ impl Snapshot {
             created: labels.get(LABEL_CREATED).cloned().unwrap_or_default(),
             error: labels.get(LABEL_ERROR).cloned(),
             base_image: labels.get(LABEL_BASE).cloned(),
+            owner: labels.get(LABEL_OWNER).and_then(|o| Owner::parse(o)),
             labels: labels
                 .iter()
                 .filter_map(|(k, v)| Some((k.strip_prefix(USER_PREFIX)?.to_string(), v.clone())))
@@ -136,6 +170,9 @@ impl Snapshot {
         }
         if let Some(b) = &self.base_image {
             out.insert(LABEL_BASE.into(), b.clone());
+        }
+        if let (Some(o), Status::InProgress) = (&self.owner, self.status) {
+            out.insert(LABEL_OWNER.into(), o.to_label());
         }
         if !self.digest.is_empty() && self.digest != self.index {
             out.insert(LABEL_ID.into(), self.digest.clone());
@@ -275,6 +312,7 @@ mod tests {
             created,
             error: None,
             base_image: Some("docker.io/library/busybox@sha256:abc".into()),
+            owner: None,
             labels: BTreeMap::new(),
         }
     }

@@ -76,6 +76,9 @@ pub fn begin(
         created,
         error: None,
         base_image: Some(format!("{image}@{}", base.digest)),
+        owner: (status == Status::InProgress)
+            .then(crate::owner::me)
+            .flatten(),
         labels: labels.into_iter().collect(),
     };
     client.create_image(record(&snap, base.clone()))?;
@@ -143,9 +146,11 @@ pub fn finish(
 ) -> Result<Snapshot> {
     let Begun { mut snap, base, .. } = begun;
     let id = snap.sandbox_id.clone();
-    client.lease(&format!("chalkctl-{}", snap.name.replace(['/', ':'], "-")))?;
+    client.lease(&lease_of(&snap.name))?;
     if snap.status != Status::InProgress {
+        // A pending snapshot's taker is the process that picks it up.
         snap.status = Status::InProgress;
+        snap.owner = crate::owner::me();
         client.update_image(record(&snap, base.clone()))?;
     }
     let what = if suspend {
@@ -360,7 +365,13 @@ pub fn oci_arch() -> &'static str {
     }
 }
 
-/// Every snapshot in the namespace.
+/// The lease a snapshot's checkpoint is taken under.
+fn lease_of(record: &str) -> String {
+    format!("chalkctl-{}", record.replace(['/', ':'], "-"))
+}
+
+/// Every snapshot in the namespace; one left `in_progress` by a taker that is gone is
+/// settled first (see [`settle`]).
 pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
     let images = client.images(&format!("labels.\"{}\"==true", registry::LABEL_SNAPSHOT))?;
     Ok(images
@@ -369,6 +380,13 @@ pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
             let labels = i.labels.clone().into_iter().collect();
             let digest = i.target.as_ref().map(|t| t.digest.as_str()).unwrap_or("");
             let mut s = Snapshot::from_record(&i.name, digest, &labels)?;
+            if s.status == Status::InProgress && is_orphan(&s) {
+                if let Some(target) = &i.target {
+                    if let Err(e) = settle(client, &mut s, target) {
+                        eprintln!("chalkctl: snapshot {} was left in progress: {e}", s.name);
+                    }
+                }
+            }
             if s.status != Status::Completed {
                 // The target is the base image until completed.
                 s.digest.clear();
@@ -377,6 +395,76 @@ pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
             Some(s)
         })
         .collect())
+}
+
+/// Whether the process taking in-progress snapshot `s` is gone (one recorded without a
+/// taker, by an older build, after an hour).
+fn is_orphan(s: &Snapshot) -> bool {
+    match &s.owner {
+        Some(o) => !crate::owner::is_alive(o),
+        None => {
+            let whole = s
+                .created
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches('Z');
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            chalk_runtime::snapshot::manifest::rfc3339_secs(&format!("{whole}Z"))
+                .is_some_and(|at| now.saturating_sub(at) > 3600)
+        }
+    }
+}
+
+/// Settles snapshot `s`, `in_progress` with nobody taking it any more (its record's target
+/// `base`): completed from the store when the shim stored it (a suspend's sandbox then reads
+/// suspended, its task removed), left alone while a shim still writes its ingest, else
+/// failed with what happened. The dead taker's lease goes.
+fn settle(client: &Client, s: &mut Snapshot, base: &Descriptor) -> Result<()> {
+    let store = client.store()?;
+    let token = Store::token(client.namespace(), &s.name);
+    let taker = s.owner.as_ref().map_or("the chalkctl".to_string(), |o| {
+        format!("the chalkctl (pid {})", o.pid)
+    });
+    if let Some(r) = store.find_ref(&token) {
+        let stored = store
+            .open_snapshot(&r.manifest)
+            .map_err(|e| Error::from(e.to_string()))?;
+        let container = client.container(&s.sandbox_id).ok();
+        let snapshotter = container
+            .as_ref()
+            .map_or("overlayfs".to_string(), |c| c.snapshotter.clone());
+        let index = record_index(client, &stored, &snapshotter)?;
+        s.status = Status::Completed;
+        s.digest = r.manifest.clone();
+        s.index = index.digest.clone();
+        s.owner = None;
+        client.update_image(record(s, index))?;
+        let suspended = stored.manifest.kind == chalk_runtime::snapshot::manifest::Kind::Suspend;
+        if suspended && container.is_some() {
+            client.set_container_label(&s.sandbox_id, SUSPENDED_FROM, Some(&s.digest))?;
+            // The checkpoint stopped it: its task goes once containerd has its exit.
+            client.delete_stopped_task(&s.sandbox_id)?;
+        }
+        eprintln!(
+            "chalkctl: snapshot {} was stored but {taker} taking it ended before recording it: completed",
+            s.name
+        );
+    } else if store.ingest_in_progress(&token) {
+        return Ok(());
+    } else {
+        s.status = Status::Failed;
+        s.error = Some(format!(
+            "{taker} taking it ended before the snapshot was stored: nothing of it was kept; \
+             take it again"
+        ));
+        s.owner = None;
+        client.update_image(record(s, base.clone()))?;
+    }
+    client.delete_lease(&lease_of(&s.name));
+    Ok(())
 }
 
 /// The one snapshot `query` names (a digest, a 12+ digit prefix of one, or a record name).

@@ -43,6 +43,9 @@ mod forktree;
 #[path = "e2e/store.rs"]
 mod store;
 
+#[path = "e2e/faults.rs"]
+mod faults;
+
 #[path = "e2e/nerdctl.rs"]
 mod nerdctl;
 
@@ -97,6 +100,10 @@ fn main() {
         hooks::fork_identity_example_gives_each_fork_its_own,
         gpu::gpu_standin_handoff_around_snapshot_fork_and_resume,
         gpu::gpu_standin_failures_leave_every_process_running,
+        faults::fault_chalkctl_killed_mid_snapshot_is_settled,
+        faults::fault_chalkctl_killed_mid_suspend_is_settled,
+        faults::fault_shim_or_sandbox_killed_mid_checkpoint_fail_cleanly,
+        faults::fault_two_snapshots_at_once_are_serialized_or_refused,
     ];
     // A test of an optional peer is listed as ignored, never passed, when the peer is absent.
     let no_nerdctl = std::env::var_os("CHALK_NERDCTL").is_none_or(|v| v.is_empty());

@@ -114,6 +114,7 @@ pub fn pull(
         created: snapshots::now(),
         error: None,
         base_image: Some(format!("{image}@{}", base.digest)),
+        owner: crate::owner::me(),
         labels: [(fork::PULLED_FROM.to_string(), r.whole())].into(),
     };
     client.create_image(snapshots::record(&snapshot, base_desc.clone()))?;

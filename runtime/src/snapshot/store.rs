@@ -559,6 +559,13 @@ impl Store {
         Ok(out)
     }
 
+    /// Whether ingest `token` is being written now (its directory's lock is held: by a shim
+    /// checkpointing into it, or a pull).
+    pub fn ingest_in_progress(&self, token: &str) -> bool {
+        let dir = self.ingest_path(token);
+        valid_token(token) && dir.exists() && Lock::try_take(&lock_path(&dir)).is_none()
+    }
+
     pub fn find_ref(&self, token: &str) -> Option<Ref> {
         if !valid_token(token) {
             return None;

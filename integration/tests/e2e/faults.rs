@@ -1,0 +1,331 @@
+//! Faults during a snapshot: chalkctl, the shim or runsc's sandbox killed while runsc
+//! checkpoints, and two snapshots of one sandbox at once. Each ends with the same leak check
+//! (`settled`): no record left in progress, no chalkctl lease, no ingest being written or
+//! content ingest open, no sandbox left paused, and the sandbox's own leftovers (runsc
+//! processes and state, mounts, bundle) gone once it is removed.
+
+use super::*;
+
+/// A sandbox with `mb` MB of memory filled (a checkpoint of it takes a moment) and a counter.
+fn filled(e: &Env, id: &str, mb: u32) -> TestResult {
+    let fill = format!(
+        "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={mb} iflag=fullblock 2>/dev/null; {COUNTER}"
+    );
+    e.run_detached(id, &["sh", "-c", &fill])?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while e.count(id).unwrap_or(0) < 2 {
+        ensure!(Instant::now() < deadline, "{id} does not count");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// The pids of runsc processes of sandbox `id` whose arguments include `word`.
+fn runsc_with(id: &str, word: &str) -> Vec<i32> {
+    chalk_integration::procs::processes()
+        .into_iter()
+        .filter(|(_, args)| {
+            args.iter().any(|a| a.contains("runsc"))
+                && args.iter().any(|a| a == word)
+                && args.iter().any(|a| a == id)
+        })
+        .map(|(pid, _)| pid as i32)
+        .collect()
+}
+
+/// Waits (up to 30 s) until runsc checkpoints `id`.
+fn checkpoint_started(id: &str) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runsc_with(id, "checkpoint").is_empty() {
+        ensure!(
+            Instant::now() < deadline,
+            "no runsc checkpoint of {id} seen"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn checkpoint_ended(id: &str) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !runsc_with(id, "checkpoint").is_empty() {
+        ensure!(
+            Instant::now() < deadline,
+            "runsc checkpoint of {id} still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// `chalkctl args...` started in the background.
+fn spawn_chalkctl(e: &Env, args: &[&str]) -> Result<std::process::Child, Failed> {
+    e.c.chalkctl_command()
+        .map_err(|e| e.to_string())?
+        .args(["--output", "json"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Failed::from(e.to_string()))
+}
+
+/// The records of `id` once none is in progress (a shim may still be storing one whose
+/// chalkctl died: up to 60 s).
+fn settled_records(e: &Env, id: &str) -> Result<Vec<serde_json::Value>, Failed> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let records = records_of(e, id)?;
+        if records.iter().all(|r| r["status"] != "in_progress") || Instant::now() > deadline {
+            return Ok(records);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The snapshot records of sandbox `id` (as chalkctl lists them: settled first).
+fn records_of(e: &Env, id: &str) -> Result<Vec<serde_json::Value>, Failed> {
+    let out = e.chalkctl_json(&["snapshot", "list", "--sandbox-id", id])?;
+    Ok(out["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn kill(pid: i32) {
+    // SAFETY: kill(2) of a process this test found.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// What no fault may leave: a record in progress, a chalkctl lease, an ingest being written
+/// (or a stale one after a gc), a content ingest, a paused task.
+fn settled(e: &Env, id: &str) -> TestResult {
+    let records = records_of(e, id)?;
+    for r in &records {
+        ensure!(
+            r["status"] == "completed" || r["status"] == "failed",
+            "a snapshot of {id} reads {}: {r}",
+            r["status"]
+        );
+        if r["status"] == "failed" {
+            ensure!(
+                r["error"].as_str().is_some_and(|m| !m.is_empty()),
+                "a failed snapshot of {id} has no reason: {r}"
+            );
+        }
+    }
+    let leases: Vec<String> = e
+        .ctr(&["leases", "ls", "-q"])
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("chalkctl") && l.contains(id))
+        .map(String::from)
+        .collect();
+    ensure!(leases.is_empty(), "leases left for {id}: {leases:?}");
+    let active = e.ctr(&["content", "active"]).stdout;
+    ensure!(
+        active.lines().skip(1).all(|l| l.trim().is_empty()),
+        "content ingests left: {active}"
+    );
+    let paused = e.ctr(&["tasks", "ls"]).stdout;
+    ensure!(
+        !paused
+            .lines()
+            .any(|l| l.contains(id) && l.contains("PAUSED")),
+        "{id} left paused: {paused}"
+    );
+    Ok(())
+}
+
+/// The store's ingest directory holds nothing of sandbox `id` once a gc ran (a crash's
+/// ingest is stale); other cases' ingests may be under way meanwhile.
+fn no_ingest_left(e: &Env, id: &str) -> TestResult {
+    let dir = e.c.snapshot_store().join("ingest");
+    let mine = format!("snapshots_{id}_");
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&mine))
+        .collect();
+    ensure!(left.is_empty(), "ingests left in the store: {left:?}");
+    Ok(())
+}
+
+/// Deletes every snapshot record of `id` (a delete runs the store's gc).
+fn delete_records(e: &Env, id: &str) -> TestResult {
+    for r in records_of(e, id)? {
+        let name = r["name"].as_str().unwrap_or_default().to_string();
+        e.chalkctl(&["snapshot", "delete", "--snapshot-id", &name]);
+    }
+    Ok(())
+}
+
+/// chalkctl killed while runsc checkpoints: the next chalkctl command completes the record
+/// from the store (the shim finished) or fails it with why; the source runs on; a completed
+/// one forks.
+pub fn fault_chalkctl_killed_mid_snapshot_is_settled(e: &Env) -> TestResult {
+    let (src, fork) = ("fault-cli", "fault-cli-fork");
+    let result = (|| {
+        filled(e, src, 96)?;
+        let mut cli = spawn_chalkctl(e, &["snapshot", "create", "--id", src])?;
+        checkpoint_started(src)?;
+        kill(cli.id() as i32);
+        let _ = cli.wait();
+        checkpoint_ended(src)?;
+        let records = settled_records(e, src)?;
+        ensure!(records.len() == 1, "records of {src}: {records:?}");
+        let r = &records[0];
+        match r["status"].as_str() {
+            Some("completed") => {
+                let id = r["id"].as_str().unwrap_or_default();
+                e.chalkctl_json(&["fork", "--snapshot-id", id, "--fork-id", fork])?;
+                e.count_reaches(fork, e.count(src)?.min(3))?;
+            }
+            Some("failed") => ensure!(
+                r["error"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("ended before"),
+                "the failed record says {r}"
+            ),
+            other => return Err(format!("{src}'s snapshot reads {other:?}: {r}").into()),
+        }
+        let before = e.count(src)?;
+        e.count_reaches(src, before + 1)?;
+        settled(e, src)
+    })();
+    let cleaned = delete_records(e, src);
+    let result = result.and(cleaned).and_then(|()| no_ingest_left(e, src));
+    e.conclude(result, &[fork, src], &[])
+}
+
+/// chalkctl killed while a suspend checkpoints: the next command completes it (the sandbox
+/// reads suspended and resumes with its count) or fails it with the sandbox running.
+pub fn fault_chalkctl_killed_mid_suspend_is_settled(e: &Env) -> TestResult {
+    let src = "fault-sus";
+    let result = (|| {
+        filled(e, src, 96)?;
+        let mut cli = spawn_chalkctl(e, &["suspend", "--id", src])?;
+        checkpoint_started(src)?;
+        kill(cli.id() as i32);
+        let _ = cli.wait();
+        checkpoint_ended(src)?;
+        let records = settled_records(e, src)?;
+        ensure!(records.len() == 1, "records of {src}: {records:?}");
+        let status = records[0]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let got = e.chalkctl_json(&["get", "--id", src])?;
+        if status == "completed" {
+            ensure!(
+                got["status"] == "suspended" && e.task_status(src).is_none(),
+                "the suspend was completed but {src} reads {got}"
+            );
+            e.chalkctl_json(&["resume", "--id", src])?;
+        } else {
+            ensure!(
+                e.task_status(src).as_deref() == Some("RUNNING"),
+                "a failed suspend left {src} {:?}",
+                e.task_status(src)
+            );
+        }
+        let now = e.count(src)?;
+        e.count_reaches(src, now + 1)?;
+        settled(e, src)
+    })();
+    let cleaned = delete_records(e, src);
+    let result = result.and(cleaned).and_then(|()| no_ingest_left(e, src));
+    e.conclude(result, &[src], &[])
+}
+
+/// The shim, or runsc's sandbox, SIGKILLed while runsc checkpoints: the snapshot fails with a
+/// reason, the sandbox is gone with its exit reported, and nothing of it is left.
+pub fn fault_shim_or_sandbox_killed_mid_checkpoint_fail_cleanly(e: &Env) -> TestResult {
+    for (id, victim) in [("fault-shim", "shim"), ("fault-boot", "boot")] {
+        let result = (|| {
+            filled(e, id, 96)?;
+            let cli = spawn_chalkctl(e, &["snapshot", "create", "--id", id])?;
+            checkpoint_started(id)?;
+            let pids = match victim {
+                "shim" => chalk_integration::procs::processes()
+                    .into_iter()
+                    .filter(|(_, a)| {
+                        a.first()
+                            .is_some_and(|p| p.ends_with("containerd-shim-chalk-v1"))
+                            && a.iter().any(|x| x == id)
+                    })
+                    .map(|(p, _)| p as i32)
+                    .collect(),
+                _ => runsc_with(id, "boot"),
+            };
+            ensure!(!pids.is_empty(), "no {victim} process of {id}");
+            pids.into_iter().for_each(kill);
+            let out = cli.wait_with_output().map_err(|e| e.to_string())?;
+            ensure!(
+                !out.status.success(),
+                "chalkctl snapshot create succeeded with its {victim} killed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            let records = records_of(e, id)?;
+            ensure!(
+                records.len() == 1 && records[0]["status"] == "failed",
+                "records of {id} after its {victim} was killed: {records:?}"
+            );
+            // Gone, with its exit reported (or removed by the shim's cleanup).
+            e.wait_status(id, "STOPPED", Duration::from_secs(30))
+                .or_else(|_| {
+                    ensure!(
+                        e.task_status(id).is_none(),
+                        "{id}'s task reads {:?} after its {victim} was killed",
+                        e.task_status(id)
+                    );
+                    Ok(())
+                })?;
+            settled(e, id)
+        })();
+        let cleaned = delete_records(e, id);
+        let result = result.and(cleaned).and_then(|()| no_ingest_left(e, id));
+        let result = result.map_err(|f| {
+            Failed::from(format!(
+                "{victim} killed: {}",
+                f.message().unwrap_or_default()
+            ))
+        });
+        e.conclude(result, &[id], &[])?;
+    }
+    Ok(())
+}
+
+/// Two snapshots of one sandbox at once: each completes or is refused with a message; none
+/// is left in progress, and each completed one forks.
+pub fn fault_two_snapshots_at_once_are_serialized_or_refused(e: &Env) -> TestResult {
+    let src = "fault-two";
+    let forks = ["fault-two-a", "fault-two-b"];
+    let result = (|| {
+        filled(e, src, 32)?;
+        let a = spawn_chalkctl(e, &["snapshot", "create", "--id", src])?;
+        let b = spawn_chalkctl(e, &["snapshot", "create", "--id", src])?;
+        let outs = [a, b].map(|c| c.wait_with_output());
+        let mut completed = Vec::new();
+        for out in outs {
+            let out = out.map_err(|e| e.to_string())?;
+            if out.status.success() {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+                completed.push(v["id"].as_str().unwrap_or_default().to_string());
+            } else {
+                let err = String::from_utf8_lossy(&out.stderr);
+                ensure!(!err.trim().is_empty(), "a refused snapshot says nothing");
+            }
+        }
+        ensure!(!completed.is_empty(), "neither snapshot of {src} completed");
+        for (id, fork) in completed.iter().zip(forks) {
+            e.chalkctl_json(&["fork", "--snapshot-id", id, "--fork-id", fork])?;
+            e.count_reaches(fork, 2)?;
+        }
+        settled(e, src)
+    })();
+    let cleaned = delete_records(e, src);
+    let result = result.and(cleaned).and_then(|()| no_ingest_left(e, src));
+    e.conclude(result, &[forks[0], forks[1], src], &[])
+}
