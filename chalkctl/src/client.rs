@@ -717,21 +717,30 @@ impl Client {
     }
 
     /// Ends a task that may be running (SIGKILL to all its processes), then deletes it:
-    /// undoing a fork that got part of the way.
-    pub fn kill_and_delete_task(&self, id: &str) {
-        if self.try_delete_task(id).is_ok() {
-            return;
+    /// undoing a fork that got part of the way. Tried for up to 30 s (containerd may be
+    /// restarting, or the task still starting): whether the task is gone. A container whose
+    /// task could not be removed must be kept (containerd would delete its record and leave
+    /// the task running with no container).
+    pub fn kill_and_delete_task(&self, id: &str) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if self.try_delete_task(id).is_ok() || matches!(self.task_status(id), Ok(None)) {
+                return true;
+            }
+            let req = self.req(KillRequest {
+                container_id: id.to_string(),
+                signal: libc::SIGKILL as u32,
+                all: true,
+                ..Default::default()
+            });
+            let _ = self
+                .rt
+                .block_on(TasksClient::new(self.channel.clone()).kill(req));
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        let req = self.req(KillRequest {
-            container_id: id.to_string(),
-            signal: libc::SIGKILL as u32,
-            all: true,
-            ..Default::default()
-        });
-        let _ = self
-            .rt
-            .block_on(TasksClient::new(self.channel.clone()).kill(req));
-        let _ = self.delete_stopped_task(id);
     }
 
     fn try_delete_task(&self, id: &str) -> std::result::Result<(), Status> {

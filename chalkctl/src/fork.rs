@@ -681,7 +681,13 @@ pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) ->
 /// Removes sandbox `id` that a fork or resume got part of the way to making: its task, its
 /// container and its root filesystem snapshot, whichever exist.
 fn undo(client: &Client, snapshotter: &str, id: &str) {
-    client.kill_and_delete_task(id);
+    if !client.kill_and_delete_task(id) {
+        eprintln!(
+            "chalkctl: the task of {id} could not be removed: the sandbox is kept (remove it \
+             with `ctr task kill -s KILL {id}`, then `ctr container rm {id}`)"
+        );
+        return;
+    }
     client.delete_container(id);
     client.remove_snapshot(snapshotter, id);
 }

@@ -185,9 +185,10 @@ pub fn create(
             None => client.start_task(&container, None),
         });
     if started.is_err() {
-        client.kill_and_delete_task(id);
-        client.delete_container(id);
-        client.remove_snapshot(snapshotter, id);
+        if client.kill_and_delete_task(id) {
+            client.delete_container(id);
+            client.remove_snapshot(snapshotter, id);
+        }
     }
     client.release();
     started

@@ -113,8 +113,7 @@ pub fn expire(client: &mut Client, id: &str, action: &str, progress: &Progress) 
             Ok(json!({"status": "suspended", "snapshot": snap.digest}))
         }
         _ => {
-            client.kill_and_delete_task(id);
-            if client.task_status(id)?.is_some() {
+            if !client.kill_and_delete_task(id) {
                 return Err(format!("sandbox {id}: its task could not be deleted").into());
             }
             client.delete_container(id);

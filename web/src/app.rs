@@ -860,7 +860,10 @@ fn remove_sandbox(client: &Client, snapshotter: &str, id: &str) {
         Ok(c) => c.snapshotter,
         Err(_) => snapshotter.to_string(),
     };
-    client.kill_and_delete_task(id);
+    if !client.kill_and_delete_task(id) {
+        eprintln!("chalk-web: the task of {id} could not be removed: its container is kept");
+        return;
+    }
     client.delete_container(id);
     if !snapshotter.is_empty() {
         client.remove_snapshot(&snapshotter, id);

@@ -329,3 +329,182 @@ pub fn fault_two_snapshots_at_once_are_serialized_or_refused(e: &Env) -> TestRes
     let result = result.and(cleaned).and_then(|()| no_ingest_left(e, src));
     e.conclude(result, &[forks[0], forks[1], src], &[])
 }
+
+/// containerd killed and started again while a snapshot, a fork and a suspend run (a
+/// containerd of its own: the other cases keep theirs): the sandboxes run on and answer,
+/// every record settles (completed or failed, none in progress), a half-made fork runs or is
+/// gone, a completed suspend resumes.
+pub fn fault_containerd_restarted_mid_snapshot_fork_and_suspend(_e: &Env) -> TestResult {
+    let mut c = Containerd::start().map_err(|e| e.to_string())?;
+    c.import_busybox().map_err(|e| e.to_string())?;
+    let (src, fork) = ("restart-src", "restart-fork");
+    let chalkctl = |c: &Containerd, args: &[&str]| -> Result<serde_json::Value, Failed> {
+        let out: CtrOutput = c
+            .chalkctl_command()
+            .map_err(|e| e.to_string())?
+            .args(["--output", "json"])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?
+            .into();
+        ensure!(out.code == 0, "chalkctl {args:?}: {out:?}");
+        serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
+    };
+    let spawn = |c: &Containerd, args: &[&str]| -> Result<std::process::Child, Failed> {
+        c.chalkctl_command()
+            .map_err(|e| e.to_string())?
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Failed::from(e.to_string()))
+    };
+    let count = |c: &Containerd, id: &str| -> Option<u64> {
+        let out = c.ctr(["task", "exec", "--exec-id", "peek", id, "cat", "/tmp/count"]);
+        out.stdout.trim().parse().ok()
+    };
+    let counting = |c: &Containerd, id: &str| -> TestResult {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            if let Some(n) = count(c, id) {
+                break n;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{id} does not answer: {:?}; tasks: {}",
+                c.ctr([
+                    "task",
+                    "exec",
+                    "--exec-id",
+                    "peek2",
+                    id,
+                    "cat",
+                    "/tmp/count"
+                ]),
+                c.ctr(["task", "ls"]).stdout
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        while count(c, id).unwrap_or(0) <= first {
+            ensure!(
+                Instant::now() < deadline,
+                "{id} does not count on from {first}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    };
+    let settled = |c: &Containerd| -> Result<Vec<serde_json::Value>, Failed> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let items = chalkctl(c, &["snapshot", "list", "--sandbox-id", src])?["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if items.iter().all(|r| r["status"] != "in_progress") {
+                return Ok(items);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "records stay in progress: {items:?}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    let fill = format!(
+        "dd if=/dev/urandom of=/tmp/fill bs=1048576 count=64 iflag=fullblock 2>/dev/null; {COUNTER}"
+    );
+    let out = c.ctr([
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        src,
+        "sh",
+        "-c",
+        &fill,
+    ]);
+    ensure!(out.code == 0, "run: {out:?}");
+    counting(&c, src)?;
+
+    // A snapshot.
+    let mut cli = spawn(&c, &["snapshot", "create", "--id", src])?;
+    checkpoint_started(src)?;
+    c.restart().map_err(|e| e.to_string())?;
+    let _ = cli.wait();
+    checkpoint_ended(src)?;
+    let records = settled(&c)?;
+    counting(&c, src)?;
+    let snapshot = match records.iter().find(|r| r["status"] == "completed") {
+        Some(r) => r["id"].as_str().unwrap_or_default().to_string(),
+        None => chalkctl(&c, &["snapshot", "create", "--id", src])?["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    };
+
+    // A fork.
+    let mut cli = spawn(&c, &["fork", "--snapshot-id", &snapshot, "--fork-id", fork])?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runsc_with(fork, "restore").is_empty() && !cli.try_wait().is_ok_and(|s| s.is_some()) {
+        ensure!(Instant::now() < deadline, "no restore of {fork} seen");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.restart().map_err(|e| e.to_string())?;
+    let _ = cli.wait();
+    let forked = match c
+        .ctr(["task", "ls"])
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(fork))
+    {
+        Some(line) if line.contains("RUNNING") => counting(&c, fork).map(|()| "runs"),
+        other => {
+            // Not running: nothing of it may stay.
+            let containers = c.ctr(["containers", "ls", "-q"]).stdout;
+            ensure!(
+                !containers.lines().any(|l| l == fork),
+                "a half-made fork is left: task {other:?}, containers {containers}"
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.ctr(["task", "ls"]).stdout.contains(fork) {
+                ensure!(
+                    Instant::now() < deadline,
+                    "the half-made fork's task is left with no container: {}",
+                    c.ctr(["task", "ls"]).stdout
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok("gone")
+        }
+    }?;
+    eprintln!("containerd restarted mid-fork: the fork {forked}");
+
+    // A suspend.
+    let mut cli = spawn(&c, &["suspend", "--id", src])?;
+    checkpoint_started(src)?;
+    c.restart().map_err(|e| e.to_string())?;
+    let _ = cli.wait();
+    checkpoint_ended(src)?;
+    settled(&c)?;
+    let got = chalkctl(&c, &["get", "--id", src])?;
+    if got["status"] == "suspended" {
+        chalkctl(&c, &["resume", "--id", src])?;
+    } else {
+        ensure!(
+            got["status"] == "running",
+            "after a restart mid-suspend {src} reads {got}"
+        );
+    }
+    counting(&c, src)?;
+    let leases: Vec<String> = c
+        .ctr(["leases", "ls", "-q"])
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("chalkctl"))
+        .map(String::from)
+        .collect();
+    ensure!(leases.is_empty(), "leases left: {leases:?}");
+    Ok(())
+}
