@@ -184,11 +184,9 @@ pub fn create(
             Some((io, size)) => client.start_task_with(&container, None, io, size),
             None => client.start_task(&container, None),
         });
-    if started.is_err() {
-        if client.kill_and_delete_task(id) {
-            client.delete_container(id);
-            client.remove_snapshot(snapshotter, id);
-        }
+    if started.is_err() && client.kill_and_delete_task(id) {
+        client.delete_container(id);
+        client.remove_snapshot(snapshotter, id);
     }
     client.release();
     started
