@@ -508,3 +508,105 @@ pub fn fault_containerd_restarted_mid_snapshot_fork_and_suspend(_e: &Env) -> Tes
     ensure!(leases.is_empty(), "leases left: {leases:?}");
     Ok(())
 }
+
+/// A snapshot deleted while a fork of it restores: the fork runs (whole: it snapshots again)
+/// or fails and is gone; the delete happens or is refused with a message; the store keeps
+/// every snapshot still recorded whole.
+pub fn fault_delete_while_forking_is_never_corrupt(e: &Env) -> TestResult {
+    let (src, fork, again) = ("fault-del", "fault-del-fork", "fault-del-again");
+    let result = (|| {
+        filled(e, src, 32)?;
+        let snap = e.snapshot_of(src)?;
+        let cli = spawn_chalkctl(e, &["fork", "--snapshot-id", &snap, "--fork-id", fork])?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while runsc_with(fork, "restore").is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snap]);
+        ensure!(
+            deleted.code == 0 || !deleted.stderr.trim().is_empty(),
+            "a refused delete says nothing: {deleted:?}"
+        );
+        let forked = cli.wait_with_output().map_err(|e| e.to_string())?;
+        if forked.status.success() {
+            e.count_reaches(fork, 2)?;
+            let s = e.snapshot_of(fork)?;
+            e.chalkctl_json(&["fork", "--snapshot-id", &s, "--fork-id", again])?;
+            e.count_reaches(again, 2)?;
+        } else {
+            ensure!(
+                e.task_status(fork).is_none(),
+                "a failed fork left its task: {:?}",
+                e.task_status(fork)
+            );
+        }
+        // Every snapshot still recorded opens whole.
+        for r in records_of(e, src)?.iter().chain(&records_of(e, fork)?) {
+            let id = r["id"].as_str().unwrap_or_default();
+            e.chalkctl_json(&["snapshot", "get", "--snapshot-id", id])?;
+        }
+        eprintln!(
+            "delete while forking: delete exit {}, fork {}",
+            deleted.code,
+            if forked.status.success() {
+                "ran"
+            } else {
+                "failed"
+            }
+        );
+        settled(e, src)
+    })();
+    let cleaned = delete_records(e, src).and(delete_records(e, fork));
+    e.conclude(result.and(cleaned), &[again, fork, src], &[])
+}
+
+/// A resume racing a delete of the suspended sandbox: it ends running (the delete refused)
+/// or gone (the resume refused), with no task or runsc process left without its container.
+pub fn fault_resume_racing_a_delete_ends_one_way(e: &Env) -> TestResult {
+    let src = "fault-race";
+    let result = (|| {
+        filled(e, src, 16)?;
+        e.chalkctl_json(&["suspend", "--id", src])?;
+        let cli = spawn_chalkctl(e, &["resume", "--id", src])?;
+        let rm = e.ctr(&["containers", "rm", src]);
+        let resumed = cli.wait_with_output().map_err(|e| e.to_string())?;
+        let exists = e
+            .ctr(&["containers", "ls", "-q"])
+            .stdout
+            .lines()
+            .any(|l| l == src);
+        eprintln!(
+            "resume racing a delete: resume {}, rm exit {}, container {}",
+            resumed.status,
+            rm.code,
+            if exists { "kept" } else { "gone" }
+        );
+        if exists {
+            ensure!(
+                resumed.status.success(),
+                "the container is kept but the resume failed: {}",
+                String::from_utf8_lossy(&resumed.stderr)
+            );
+            let n = e.count(src)?;
+            e.count_reaches(src, n + 1)?;
+        } else {
+            ensure!(
+                !resumed.status.success(),
+                "the resume succeeded but its container is gone"
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while e.task_status(src).is_some() || !e.leftovers(src).is_empty() {
+                ensure!(
+                    Instant::now() < deadline,
+                    "{src} deleted mid-resume left {:?} {:?}",
+                    e.task_status(src),
+                    e.leftovers(src)
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        settled(e, src)
+    })();
+    let cleaned = delete_records(e, src);
+    e.conclude(result.and(cleaned), &[src], &[])
+}
