@@ -174,6 +174,23 @@ fn delete_records(e: &Env, id: &str) -> TestResult {
     Ok(())
 }
 
+/// Runs chalkctl `args` on sandbox `src`, SIGKILLs it once runsc checkpoints, and returns
+/// `src`'s one snapshot record once settled.
+fn chalkctl_killed_mid_checkpoint(
+    e: &Env,
+    src: &str,
+    args: &[&str],
+) -> Result<Vec<serde_json::Value>, Failed> {
+    let mut cli = spawn_chalkctl(e, args)?;
+    checkpoint_started(src)?;
+    kill(cli.id() as i32);
+    let _ = cli.wait();
+    checkpoint_ended(src)?;
+    let records = settled_records(e, src)?;
+    ensure!(records.len() == 1, "records of {src}: {records:?}");
+    Ok(records)
+}
+
 /// chalkctl killed while runsc checkpoints: the next chalkctl command completes the record
 /// from the store (the shim finished) or fails it with why; the source runs on; a completed
 /// one forks.
@@ -181,13 +198,7 @@ pub fn fault_chalkctl_killed_mid_snapshot_is_settled(e: &Env) -> TestResult {
     let (src, fork) = ("fault-cli", "fault-cli-fork");
     let result = (|| {
         filled(e, src, 96)?;
-        let mut cli = spawn_chalkctl(e, &["snapshot", "create", "--id", src])?;
-        checkpoint_started(src)?;
-        kill(cli.id() as i32);
-        let _ = cli.wait();
-        checkpoint_ended(src)?;
-        let records = settled_records(e, src)?;
-        ensure!(records.len() == 1, "records of {src}: {records:?}");
+        let records = chalkctl_killed_mid_checkpoint(e, src, &["snapshot", "create", "--id", src])?;
         let r = &records[0];
         match r["status"].as_str() {
             Some("completed") => {
@@ -219,13 +230,7 @@ pub fn fault_chalkctl_killed_mid_suspend_is_settled(e: &Env) -> TestResult {
     let src = "fault-sus";
     let result = (|| {
         filled(e, src, 96)?;
-        let mut cli = spawn_chalkctl(e, &["suspend", "--id", src])?;
-        checkpoint_started(src)?;
-        kill(cli.id() as i32);
-        let _ = cli.wait();
-        checkpoint_ended(src)?;
-        let records = settled_records(e, src)?;
-        ensure!(records.len() == 1, "records of {src}: {records:?}");
+        let records = chalkctl_killed_mid_checkpoint(e, src, &["suspend", "--id", src])?;
         let status = records[0]["status"]
             .as_str()
             .unwrap_or_default()
