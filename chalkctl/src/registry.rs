@@ -23,6 +23,10 @@ pub const LABEL_BASE: &str = "chalk.io/base-image";
 pub const LABEL_OWNER: &str = "chalk.io/owner";
 /// User labels are stored under this prefix, so they never collide with the ones above.
 pub const USER_PREFIX: &str = "chalk.io/label.";
+/// The longest page a list returns (walk further with its cursor).
+pub const MAX_PAGE: usize = 1000;
+/// The most user labels one snapshot may carry.
+pub const MAX_USER_LABELS: usize = 64;
 /// containerd's limit on a label's key plus value.
 const MAX_LABEL: usize = 4096;
 
@@ -239,8 +243,11 @@ pub struct Page {
 /// at most `limit` long. Pages stay consistent while snapshots are added: the cursor is the
 /// position of the last item shown, not a count.
 pub fn page(all: &[Snapshot], filter: &Filter, limit: usize, cursor: Option<&str>) -> Result<Page> {
-    if limit == 0 {
-        return Err(Error::parse("limit", "must be at least 1"));
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(Error::parse(
+            "limit",
+            format!("{limit}: must be 1 to {MAX_PAGE} (walk further pages with --cursor)"),
+        ));
     }
     let after = cursor.map(decode_cursor).transpose()?;
     let mut selected: Vec<&Snapshot> = all
@@ -431,6 +438,9 @@ mod tests {
     fn bad_cursors_and_limits_are_refused() {
         let all = vec![snap(1, "web", Status::Completed)];
         assert!(page(&all, &Filter::default(), 0, None).is_err());
+        let too_long = page(&all, &Filter::default(), MAX_PAGE + 1, None).unwrap_err();
+        assert!(too_long.to_string().contains("1 to 1000"), "{too_long}");
+        assert!(page(&all, &Filter::default(), MAX_PAGE, None).is_ok());
         assert!(page(&all, &Filter::default(), 1, Some("zz")).is_err());
         assert!(page(&all, &Filter::default(), 1, Some("616263")).is_err()); // no separator
     }

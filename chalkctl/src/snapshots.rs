@@ -52,6 +52,14 @@ pub fn begin(
     labels: Vec<(String, String)>,
     status: Status,
 ) -> Result<Begun> {
+    if labels.len() > registry::MAX_USER_LABELS {
+        return Err(format!(
+            "{} labels: a snapshot carries at most {}",
+            labels.len(),
+            registry::MAX_USER_LABELS
+        )
+        .into());
+    }
     let container = client.container(id)?;
     if runtime_name(&container) != RUNTIME {
         return Err(format!(
