@@ -269,16 +269,18 @@ pub struct App {
     entries: Mutex<HashMap<String, Arc<Entry>>>,
 }
 
-/// A new sandbox id: `web-` and 8 random hex digits.
-fn new_id() -> String {
-    let mut b = [0u8; 4];
+/// `n` random bytes from the kernel, as hex.
+pub fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut b);
     }
-    format!(
-        "web-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    )
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A new sandbox id: `web-` and 8 random hex digits.
+fn new_id() -> String {
+    format!("web-{}", random_hex(4))
 }
 
 fn millis(since: Instant) -> u64 {

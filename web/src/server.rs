@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{
-    app::{ApiError, App, Entry, Out},
+    app::{random_hex, ApiError, App, Entry, Out},
     assets, limits,
     protocol::{self, Control},
 };
@@ -107,14 +107,6 @@ fn caller(app: &App, headers: &HeaderMap) -> Result<String, ApiError> {
             "no client cookie: reload the page (it sets one)",
         )),
     }
-}
-
-fn random_hex(n: usize) -> String {
-    let mut b = vec![0u8; n];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[derive(Deserialize)]

@@ -213,7 +213,7 @@ pub fn a_shim_without_containerd_stays_idle(_e: &Env) -> TestResult {
     Ok(())
 }
 
-fn find_shim(id: &str) -> Option<i32> {
+pub(crate) fn find_shim(id: &str) -> Option<i32> {
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()

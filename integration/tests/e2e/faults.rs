@@ -267,15 +267,7 @@ pub fn fault_shim_or_sandbox_killed_mid_checkpoint_fail_cleanly(e: &Env) -> Test
             let cli = spawn_chalkctl(e, &["snapshot", "create", "--id", id])?;
             checkpoint_started(id)?;
             let pids = match victim {
-                "shim" => chalk_integration::procs::processes()
-                    .into_iter()
-                    .filter(|(_, a)| {
-                        a.first()
-                            .is_some_and(|p| p.ends_with("containerd-shim-chalk-v1"))
-                            && a.iter().any(|x| x == id)
-                    })
-                    .map(|(p, _)| p as i32)
-                    .collect(),
+                "shim" => super::failures::find_shim(id).into_iter().collect(),
                 _ => runsc_with(id, "boot"),
             };
             ensure!(!pids.is_empty(), "no {victim} process of {id}");
