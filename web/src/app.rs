@@ -503,7 +503,7 @@ impl App {
             let mut client = app.client()?;
             let made = split_blocking(&app, &mut client, (&from, &new), &stdio, size);
             // The snapshot served its purpose (or failed): whatever became of it goes.
-            delete_snapshots_for(&client, &new);
+            delete_snapshots_for(&client, &new, false);
             made
         })
         .await;
@@ -543,15 +543,12 @@ impl App {
             let snap = match taken {
                 Ok(s) => s,
                 Err(e) => {
-                    delete_failed_snapshots_for(&client, &sid);
+                    delete_snapshots_for(&client, &sid, true);
                     return Err(e.into());
                 }
             };
             let ms = millis(started);
-            let bytes = snapshots::stored_manifest(&client, &snap.index)
-                .ok()
-                .flatten()
-                .map_or(0, |m| m.total_size());
+            let bytes = snapshot_bytes(&client, &snap);
             Ok(json!({"snapshot": snap.digest, "ms": ms, "bytes": bytes}))
         })
         .await;
@@ -812,10 +809,7 @@ fn split_blocking(
     let labels = app.snapshot_labels(new);
     let snap = snapshots::create(client, from, labels, false, &Progress::quiet())?;
     let snapshot_ms = millis(started);
-    let bytes = snapshots::stored_manifest(client, &snap.index)
-        .ok()
-        .flatten()
-        .map_or(0, |m| m.total_size());
+    let bytes = snapshot_bytes(client, &snap);
     let restoring = Instant::now();
     let pid = fork::fork_to(
         client,
@@ -834,10 +828,14 @@ fn split_blocking(
     Ok((pid, timing, expires_at(client, new)))
 }
 
-/// Deletes the snapshots taken for `sandbox` (labelled so), whatever their status.
-fn delete_snapshots_for(client: &Client, sandbox: &str) {
+/// Deletes the snapshots taken for `sandbox` (labelled so): all of them, or with
+/// `only_failed` those that failed (a suspend that did not happen).
+fn delete_snapshots_for(client: &Client, sandbox: &str, only_failed: bool) {
     for snap in snapshots::all(client).unwrap_or_default() {
-        if snap.labels.get(SNAPSHOT_LABEL).map(String::as_str) == Some(sandbox) {
+        let failed = snap.status == chalkctl::registry::Status::Failed;
+        if snap.labels.get(SNAPSHOT_LABEL).map(String::as_str) == Some(sandbox)
+            && (failed || !only_failed)
+        {
             if let Err(e) = snapshots::delete(client, &snap) {
                 eprintln!("chalk-web: delete snapshot {}: {e}", snap.name);
             }
@@ -845,15 +843,12 @@ fn delete_snapshots_for(client: &Client, sandbox: &str) {
     }
 }
 
-/// Deletes the failed snapshots taken for `sandbox` (a suspend that did not happen).
-fn delete_failed_snapshots_for(client: &Client, sandbox: &str) {
-    for snap in snapshots::all(client).unwrap_or_default() {
-        if snap.labels.get(SNAPSHOT_LABEL).map(String::as_str) == Some(sandbox)
-            && snap.status == chalkctl::registry::Status::Failed
-        {
-            let _ = snapshots::delete(client, &snap);
-        }
-    }
+/// The bytes of a snapshot's files (0 when its manifest cannot be read).
+fn snapshot_bytes(client: &Client, snap: &chalkctl::registry::Snapshot) -> u64 {
+    snapshots::stored_manifest(client, &snap.index)
+        .ok()
+        .flatten()
+        .map_or(0, |m| m.total_size())
 }
 
 /// Removes sandbox `id`: its task (killed), its container and root filesystem snapshot.
