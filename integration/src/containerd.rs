@@ -149,6 +149,7 @@ fn spawn_daemon(d: &Path) -> io::Result<Child> {
         .arg(d.join("config.toml"))
         .env("PATH", path)
         .env("CHALK_SHIM_CONFIG", d.join("chalk.toml"))
+        .env("CHALK_FAULT_DIR", d.join("faults"))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -203,6 +204,7 @@ impl Containerd {
         let d = dir.path();
         let bin = d.join("bin");
         fs::create_dir_all(&bin)?;
+        fs::create_dir_all(d.join("faults"))?;
         std::os::unix::fs::symlink(shim_binary()?, bin.join("containerd-shim-chalk-v1"))?;
 
         let cri = matches!(setup, Setup::Cri { .. });
@@ -296,6 +298,35 @@ impl Containerd {
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Arms the shim's fault point `stage` for container `id` (debug builds stop there, see
+    /// `chalk_runtime::fault`).
+    pub fn arm_fault(&self, id: &str, stage: &str) -> io::Result<()> {
+        fs::write(self.dir().join("faults").join(format!("{id}.{stage}")), b"")
+    }
+
+    /// Waits up to `timeout` for a shim to stop at the armed point `stage` of `id`.
+    pub fn fault_reached(&self, id: &str, stage: &str, timeout: Duration) -> bool {
+        let reached = self
+            .dir()
+            .join("faults")
+            .join(format!("{id}.{stage}.reached"));
+        let deadline = std::time::Instant::now() + timeout;
+        while !reached.exists() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Disarms `stage` of `id` (a shim waiting there goes on) and forgets it was reached.
+    pub fn disarm_fault(&self, id: &str, stage: &str) {
+        let dir = self.dir().join("faults");
+        let _ = fs::remove_file(dir.join(format!("{id}.{stage}")));
+        let _ = fs::remove_file(dir.join(format!("{id}.{stage}.reached")));
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -491,6 +522,15 @@ impl Drop for Containerd {
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
         unmount_under(self.dir.path());
+        // CHALK_KEEP_LOGS=<dir>: each containerd's log is kept there, to read after a failure.
+        if let Some(keep) = std::env::var_os("CHALK_KEEP_LOGS") {
+            let name = self.dir.path().file_name().unwrap_or_default();
+            let _ = fs::create_dir_all(&keep);
+            let _ = fs::copy(
+                self.dir.path().join("containerd.log"),
+                Path::new(&keep).join(name).with_extension("log"),
+            );
+        }
     }
 }
 

@@ -195,6 +195,13 @@ impl Env {
         if self.bundle(id).exists() {
             found.push(format!("bundle {}", self.bundle(id).display()));
         }
+        // ctr's cgroup for a task is /<namespace>/<id>, in each v1 controller or in v2's tree.
+        for under in ["memory/", "pids/", "cpu/", ""] {
+            let cgroup = format!("/sys/fs/cgroup/{under}{}/{id}", self.c.namespace);
+            if std::path::Path::new(&cgroup).is_dir() {
+                found.push(format!("cgroup {cgroup}"));
+            }
+        }
         found
     }
 

@@ -28,6 +28,10 @@ pub struct Record {
     /// A network namespace the shim made for the sandbox (and must remove).
     #[serde(default)]
     pub netns: Option<PathBuf>,
+    /// containerd's unpacked copy of the checkpoint this container restores from: removed by
+    /// `shim delete` when the shim died before it could remove it itself.
+    #[serde(default)]
+    pub unpacked: Option<PathBuf>,
 }
 
 impl Record {
@@ -139,7 +143,48 @@ pub fn remove_made(bundle: &Path, netns: Option<&Path>) {
     if let Some(path) = netns {
         netns::remove(path);
     }
+    if let Some(path) = read_spec(bundle).as_ref().and_then(cgroups_path) {
+        remove_empty_cgroup(Path::new("/sys/fs/cgroup"), &path);
+    }
     let _ = std::fs::remove_file(bundle.join(RECORD_FILE));
+}
+
+/// The spec's `linux.cgroupsPath` when it names a cgroup by path (absolute, no `..`); a
+/// systemd `slice:prefix:name` or a relative one is left to runsc.
+fn cgroups_path(spec: &Value) -> Option<String> {
+    let path = spec.pointer("/linux/cgroupsPath")?.as_str()?;
+    let plain = path.starts_with('/')
+        && !path.contains(':')
+        && path.split('/').all(|c| c != ".." && c != ".")
+        && path.len() > 1;
+    plain.then(|| path.trim_start_matches('/').to_string())
+}
+
+/// Removes the container's cgroup `path` below `mount` (in every v1 controller, or in v2's
+/// one tree) if it is there and empty: runsc removes it when it destroys a sandbox, but not
+/// one whose sandbox died during a restore. rmdir(2) refuses a cgroup with processes or
+/// children, so nothing in use goes.
+pub fn remove_empty_cgroup(mount: &Path, path: &str) {
+    let hierarchies: Vec<PathBuf> = if mount.join("cgroup.controllers").exists() {
+        vec![mount.to_path_buf()]
+    } else {
+        std::fs::read_dir(mount)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    };
+    for h in hierarchies {
+        let dir = h.join(path);
+        if dir.is_dir() {
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => log::info!("removed cgroup {} left by runsc", dir.display()),
+                Err(e) => log::debug!("cgroup {} kept: {e}", dir.display()),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -160,6 +205,7 @@ mod tests {
             flags: vec!["--platform=ptrace".into()],
             rootfs_mounted: true,
             netns: Some("/run/chalk/.netns/default-c1".into()),
+            unpacked: None,
         };
         r.write(dir.path()).unwrap();
         assert_eq!(Record::read(dir.path()).unwrap(), Some(r));
@@ -168,6 +214,37 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn only_a_plain_absolute_cgroups_path_is_taken() {
+        let path = |p: &str| cgroups_path(&json!({"linux": {"cgroupsPath": p}}));
+        assert_eq!(path("/chalk-test/c1").as_deref(), Some("chalk-test/c1"));
+        for bad in [
+            "system.slice:chalk:c1",
+            "rel/c1",
+            "/",
+            "/a/../../etc",
+            "/a/./b",
+        ] {
+            assert_eq!(path(bad), None, "{bad}");
+        }
+        assert_eq!(cgroups_path(&json!({})), None);
+    }
+
+    #[test]
+    fn only_empty_cgroups_are_removed() {
+        // A v1-like layout of plain directories: rmdir removes an empty one and keeps one
+        // with something in it (the kernel refuses a cgroup with processes the same way).
+        let mount = tempfile::tempdir().unwrap();
+        for c in ["memory", "pids"] {
+            std::fs::create_dir_all(mount.path().join(c).join("ns/c1")).unwrap();
+        }
+        std::fs::write(mount.path().join("pids/ns/c1/busy"), b"").unwrap();
+        remove_empty_cgroup(mount.path(), "ns/c1");
+        assert!(!mount.path().join("memory/ns/c1").exists());
+        assert!(mount.path().join("memory/ns").exists(), "the parent stays");
+        assert!(mount.path().join("pids/ns/c1").exists());
     }
 
     #[test]

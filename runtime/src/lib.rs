@@ -19,6 +19,7 @@ pub mod bundle;
 pub mod caps;
 pub mod error;
 pub mod executable;
+pub mod fault;
 pub mod ids;
 pub mod lifetime;
 pub mod netns;

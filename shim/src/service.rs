@@ -121,6 +121,14 @@ impl Shim for Service {
                     log::warn!("cleanup of {} in {}: {e}", self.id, self.namespace);
                 }
                 crate::rootfs::cleanup(&bundle, record.rootfs_mounted, record.netns.as_deref());
+                // A shim that died mid-restore left containerd's unpacked copy of the
+                // checkpoint (dropping it removes it, if it still is one of containerd's).
+                drop(record.unpacked.as_deref().and_then(|d| {
+                    crate::unpacked::UnpackedCheckpoint::of(
+                        d,
+                        &crate::unpacked::containerd_temp_dir(),
+                    )
+                }));
             }
             Ok(None) => {}
             Err(e) => log::warn!("cleanup of {}: {e}", self.id),

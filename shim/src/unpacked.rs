@@ -35,6 +35,10 @@ impl UnpackedCheckpoint {
         let meta = std::fs::symlink_metadata(dir).ok()?;
         (meta.is_dir() && meta.uid() == 0).then(|| UnpackedCheckpoint(dir.to_path_buf()))
     }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
 }
 
 impl Drop for UnpackedCheckpoint {

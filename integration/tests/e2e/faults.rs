@@ -622,3 +622,168 @@ pub fn fault_resume_racing_a_delete_ends_one_way(e: &Env) -> TestResult {
     let cleaned = delete_records(e, src);
     e.conclude(result.and(cleaned), &[src], &[])
 }
+
+/// Arms the shim's fault point `stage` of `id`, runs chalkctl `args`, kills `id`'s shim once
+/// it stops there, and returns chalkctl's output.
+fn shim_killed_at(
+    e: &Env,
+    id: &str,
+    stage: &str,
+    args: &[&str],
+) -> Result<std::process::Output, Failed> {
+    e.c.arm_fault(id, stage).map_err(|e| e.to_string())?;
+    let result = (|| {
+        let cli = spawn_chalkctl(e, args)?;
+        if !e.c.fault_reached(id, stage, Duration::from_secs(60)) {
+            let out = cli.wait_with_output().map_err(|e| e.to_string())?;
+            return Err(format!(
+                "the shim of {id} never reached {stage} (a release build has no fault points): \
+                 chalkctl {args:?} said {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let shim = super::failures::find_shim(id).ok_or(format!("no shim of {id}"))?;
+        kill(shim);
+        cli.wait_with_output()
+            .map_err(|e| Failed::from(e.to_string()))
+    })();
+    e.c.disarm_fault(id, stage);
+    result
+}
+
+/// The shim SIGKILLed before runsc's checkpoint, while the checkpoint is sealed (hashed) and
+/// while it is stored: the snapshot fails with a reason, the source is gone with its exit
+/// reported (its shim held it), containerd's cleanup leaves nothing, no ingest stays.
+pub fn fault_shim_killed_at_each_stage_of_a_snapshot_fails_cleanly(e: &Env) -> TestResult {
+    for stage in ["checkpoint", "seal", "store"] {
+        let id = format!("fault-snap-{stage}");
+        let id = id.as_str();
+        let result = (|| {
+            filled(e, id, 32)?;
+            let out = shim_killed_at(e, id, stage, &["snapshot", "create", "--id", id])?;
+            ensure!(
+                !out.status.success(),
+                "chalkctl snapshot create succeeded with the shim killed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            let records = settled_records(e, id)?;
+            ensure!(
+                records.len() == 1 && records[0]["status"] == "failed",
+                "records of {id}: {records:?}"
+            );
+            e.wait_status(id, "STOPPED", Duration::from_secs(30))
+                .or_else(|_| {
+                    ensure!(
+                        e.task_status(id).is_none(),
+                        "{id}'s task reads {:?} with its shim killed",
+                        e.task_status(id)
+                    );
+                    Ok(())
+                })?;
+            settled(e, id)
+        })();
+        let cleaned = delete_records(e, id);
+        let result = result.and(cleaned).and_then(|()| no_ingest_left(e, id));
+        let result = result
+            .map_err(|f| Failed::from(format!("at {stage}: {}", f.message().unwrap_or_default())));
+        e.conclude(result, &[id], &[])?;
+    }
+    Ok(())
+}
+
+/// The restores directory of the store holds nothing of `id` (a gc ran since).
+fn no_restore_dir_left(e: &Env, id: &str) -> TestResult {
+    let dir = e.c.snapshot_store().join("restores");
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.split('+').nth(1) == Some(id))
+        .collect();
+    ensure!(left.is_empty(), "restore links left in the store: {left:?}");
+    Ok(())
+}
+
+/// A fork's shim SIGKILLed at each stage of its restore (verified at Create, before runsc's
+/// restore, once restored), and its runsc sandbox killed during the restore: chalkctl fails
+/// and removes the half-made fork whole; the snapshot is intact (it forks after); the
+/// source runs on; nothing of the forks is left.
+pub fn fault_shim_or_sandbox_killed_during_a_restore_leaves_no_fork(e: &Env) -> TestResult {
+    let src = "fault-rs";
+    let stages = ["verified", "restore", "restored", "boot"];
+    let forks: Vec<String> = stages.iter().map(|s| format!("fault-rs-{s}")).collect();
+    let good = "fault-rs-good";
+    let result = (|| {
+        filled(e, src, 32)?;
+        let snap = e.snapshot_of(src)?;
+        let args = |fork: &str| -> Vec<String> {
+            ["fork", "--snapshot-id", &snap, "--fork-id", fork]
+                .map(String::from)
+                .to_vec()
+        };
+        for (stage, fork) in stages.iter().zip(&forks) {
+            let args = args(fork);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = if *stage == "boot" {
+                let cli = spawn_chalkctl(e, &args)?;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while runsc_with(fork, "restore").is_empty() {
+                    ensure!(Instant::now() < deadline, "no restore of {fork} seen");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                // runsc restore starts the sandbox's boot process a moment after it starts.
+                let boots = loop {
+                    let boots = runsc_with(fork, "boot");
+                    if !boots.is_empty() {
+                        break boots;
+                    }
+                    ensure!(
+                        Instant::now() < deadline && !runsc_with(fork, "restore").is_empty(),
+                        "no runsc boot of {fork} seen while it restores"
+                    );
+                    std::thread::sleep(Duration::from_millis(2));
+                };
+                boots.into_iter().for_each(kill);
+                cli.wait_with_output().map_err(|e| e.to_string())?
+            } else {
+                shim_killed_at(e, fork, stage, &args)?
+            };
+            let said = String::from_utf8_lossy(&out.stderr).into_owned();
+            ensure!(
+                !out.status.success() && !said.trim().is_empty(),
+                "at {stage}: chalkctl fork exited {} saying {said:?}",
+                out.status
+            );
+            let containers = e.ctr(&["containers", "ls", "-q"]).stdout;
+            ensure!(
+                !containers.lines().any(|l| l == fork.as_str()),
+                "at {stage}: the half-made fork's container is left ({said})"
+            );
+            ensure!(
+                e.task_status(fork).is_none(),
+                "at {stage}: the half-made fork's task is left: {:?}",
+                e.task_status(fork)
+            );
+            e.assert_clean(fork)
+                .map_err(|f| format!("at {stage}: {}", f.message().unwrap_or_default()))?;
+            eprintln!("restore killed at {stage}: chalkctl said {said:?}");
+        }
+        e.chalkctl_json(&["fork", "--snapshot-id", &snap, "--fork-id", good])?;
+        e.count_reaches(good, 2)?;
+        let now = e.count(src)?;
+        e.count_reaches(src, now + 1)?;
+        settled(e, src)
+    })();
+    let cleaned = delete_records(e, src);
+    let mut ids: Vec<&str> = forks.iter().map(String::as_str).collect();
+    ids.extend([good, src]);
+    let result = result.and(cleaned).and_then(|()| {
+        forks
+            .iter()
+            .try_for_each(|f| no_restore_dir_left(e, f))
+            .and_then(|()| no_ingest_left(e, src))
+    });
+    e.conclude(result, &ids, &[])
+}

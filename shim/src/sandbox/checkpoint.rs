@@ -114,6 +114,7 @@ impl Sandboxes {
         manifest.memory_bytes = memory.ok();
         manifest.terminal = c.state.lock().unwrap().init.io.terminal_state();
         let started = Instant::now();
+        chalk_runtime::fault::point("checkpoint", &c.id);
         let outcome = if want.exit {
             self.suspend(&c, &dir)
         } else {
@@ -147,6 +148,7 @@ impl Sandboxes {
             manifest.extra.pod = Some(pod_facts(&members));
         }
         let runsc_time = started.elapsed();
+        chalk_runtime::fault::point("seal", &c.id);
         let sealed = manifest::restrict_permissions(&dir).and_then(|_| manifest.seal(&dir, 0));
         if let Err(e) = sealed {
             dir::empty(&dir);
@@ -165,6 +167,7 @@ impl Sandboxes {
             }
         }
         let before_store = started.elapsed();
+        chalk_runtime::fault::point("store", &c.id);
         let stored = match ingest {
             Some((store, ingest)) => Some(self.store_snapshot(&c, &store, ingest, kind)?),
             None => None,

@@ -133,7 +133,24 @@ impl Sandboxes {
         let netns = (!placement.in_pod() && netns::needs_private_netns(&spec, network))
             .then(|| netns::netns_path(&opts.root, self.namespace(), id));
         let mut adapted = bundle::adapted_spec(&spec, netns.as_deref(), stdio.terminal);
-        // A restore is verified before anything is made for it.
+        bundle::create_private_dir(&runtime.global().root)?;
+        // Written before anything is made, so `shim delete` can undo any of it after a crash.
+        Record {
+            binary: runtime.binary().to_path_buf(),
+            root: runtime.global().root.clone(),
+            flags: runtime.global().flags.clone(),
+            rootfs_mounted: !rootfs.is_empty(),
+            netns: netns.clone(),
+            unpacked: unpacked.as_ref().map(|u| u.path().to_path_buf()),
+        }
+        .write(&bundle_dir)?;
+        let mut undo = Undo {
+            bundle: &bundle_dir,
+            rootfs_mounted: false,
+            netns: None,
+            armed: true,
+        };
+        // A restore is verified before anything but the record is made for it.
         let restore_from = match checkpoint.as_str() {
             "" => None,
             dir => {
@@ -148,22 +165,6 @@ impl Sandboxes {
                 *from.unpacked.lock().unwrap() = unpacked.take();
                 Some(from)
             }
-        };
-        bundle::create_private_dir(&runtime.global().root)?;
-        // Written before anything is made, so `shim delete` can undo any of it after a crash.
-        Record {
-            binary: runtime.binary().to_path_buf(),
-            root: runtime.global().root.clone(),
-            flags: runtime.global().flags.clone(),
-            rootfs_mounted: !rootfs.is_empty(),
-            netns: netns.clone(),
-        }
-        .write(&bundle_dir)?;
-        let mut undo = Undo {
-            bundle: &bundle_dir,
-            rootfs_mounted: false,
-            netns: None,
-            armed: true,
         };
         if let Some(path) = &netns {
             netns::create(path).map_err(|e| {

@@ -93,6 +93,7 @@ impl Sandboxes {
                 ""
             }
         );
+        chalk_runtime::fault::point("verified", to.id);
         Ok(RestoreFrom {
             dir: from.to_path_buf(),
             cuda_pids: m.extra.moved_pids(),

@@ -89,6 +89,7 @@ impl Sandboxes {
         size: Option<(u32, u32)>,
     ) -> Result<u32> {
         let started_at = Instant::now();
+        chalk_runtime::fault::point("restore", &c.id);
         let terminal = from.terminal.clone().map(|mut t| {
             if let Some((w, h)) = size {
                 (t.cols, t.rows) = (w.min(u16::MAX.into()) as u16, h.min(u16::MAX.into()) as u16);
@@ -138,6 +139,7 @@ impl Sandboxes {
         }
         self.watch_init(c, pid, started_at);
         log::info!("container {}: restored from {}", c.id, from.dir.display());
+        chalk_runtime::fault::point("restored", &c.id);
         if from.pod_members > 0 {
             // The sandbox waits for its pod's containers (their starts restore them); the
             // last one's completes the restore, and settles it.
