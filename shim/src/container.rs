@@ -139,7 +139,13 @@ impl Process {
 pub struct ContainerState {
     pub init: Process,
     pub execs: HashMap<String, Process>,
+    /// Requests waiting for the init to stop being [`Busy`] (at most [`MAX_WAITING`]).
+    pub waiting: usize,
 }
+
+/// How many requests may wait for one sandbox's checkpoint or restore to end; more are
+/// refused (a client retrying in a loop must not pile up the shim's threads).
+pub const MAX_WAITING: usize = 16;
 
 impl ContainerState {
     pub fn process(&self, exec_id: &str) -> Option<&Process> {
@@ -271,6 +277,33 @@ impl Container {
             st = self.idle.wait(st).unwrap();
         }
         st
+    }
+
+    /// [`Container::wait_idle`] for a request that may be refused: one more than
+    /// [`MAX_WAITING`] waiting is, with the bound in the error.
+    pub fn wait_idle_bounded<'a>(
+        &self,
+        mut st: std::sync::MutexGuard<'a, ContainerState>,
+    ) -> crate::errors::Result<std::sync::MutexGuard<'a, ContainerState>> {
+        let Some(busy) = st.init.busy else {
+            return Ok(st);
+        };
+        if st.waiting >= MAX_WAITING {
+            return Err(crate::errors::ShimError::ResourceExhausted(format!(
+                "container {}: {} requests already wait for its {} to end, the most a sandbox \
+                 queues ({MAX_WAITING}): try again once it has",
+                self.id,
+                st.waiting,
+                match busy {
+                    Busy::Starting => "restore",
+                    Busy::Checkpointing => "checkpoint",
+                }
+            )));
+        }
+        st.waiting += 1;
+        let mut st = self.wait_idle(st);
+        st.waiting -= 1;
+        Ok(st)
     }
 }
 

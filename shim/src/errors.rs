@@ -20,6 +20,9 @@ pub enum ShimError {
     InvalidArgument(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A bound was reached (named in the message).
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("{0}")]
     Internal(String),
     /// Something the shim did failed: what, and why.
@@ -47,6 +50,7 @@ impl ShimError {
             ShimError::AlreadyExists(_) => Code::ALREADY_EXISTS,
             ShimError::InvalidArgument(_) => Code::INVALID_ARGUMENT,
             ShimError::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            ShimError::ResourceExhausted(_) => Code::RESOURCE_EXHAUSTED,
             ShimError::Internal(_) | ShimError::Failed { .. } => Code::INTERNAL,
             ShimError::Containerd(e) if e.is_not_found() => Code::NOT_FOUND,
             ShimError::Containerd(_) => Code::UNAVAILABLE,

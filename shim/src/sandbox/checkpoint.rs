@@ -334,7 +334,7 @@ impl Sandboxes {
     /// was paused.
     fn begin_checkpoint(&self, c: &Container) -> Result<bool> {
         let st = c.state.lock().unwrap();
-        let mut st = c.wait_idle(st);
+        let mut st = c.wait_idle_bounded(st)?;
         let was_paused = checkpointable(c, st.init.status)?;
         st.init.busy = Some(Busy::Checkpointing);
         Ok(was_paused)

@@ -149,7 +149,7 @@ impl Sandboxes {
             )));
         }
         let st = c.state.lock().unwrap();
-        let mut st = c.wait_idle(st);
+        let mut st = c.wait_idle_bounded(st)?;
         let next = state::transition(id, st.init.status, what)?;
         if what == Transition::Pause {
             c.runtime.pause(id)?;

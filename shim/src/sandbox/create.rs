@@ -201,6 +201,7 @@ impl Sandboxes {
             state: Mutex::new(ContainerState {
                 init: Process::new("", stdio.clone()),
                 execs: HashMap::new(),
+                waiting: 0,
             }),
             idle: Default::default(),
         };

@@ -24,7 +24,7 @@ impl Sandboxes {
             return self.start_exec(&c, exec_id);
         }
         let st = c.state.lock().unwrap();
-        let mut st = c.wait_idle(st);
+        let mut st = c.wait_idle_bounded(st)?;
         let next = state::transition(id, st.init.status, Transition::Start)?;
         if let Some(from) = &c.restore_from {
             st.init.busy = Some(Busy::Starting);

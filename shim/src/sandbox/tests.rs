@@ -750,3 +750,44 @@ fn an_exit_during_a_checkpoint_is_reported_after_it() {
     assert_eq!(w.status("web"), Status::Stopped);
     assert_eq!(w.shim.wait("web", "").unwrap().status, 137);
 }
+
+#[test]
+fn requests_waiting_on_a_busy_sandbox_are_bounded_and_named() {
+    use crate::container::{Busy, MAX_WAITING};
+    let w = std::sync::Arc::new(world());
+    w.create("web").unwrap();
+    w.shim.start("web", "").unwrap();
+    let c = w.shim.container("web").unwrap();
+    c.state.lock().unwrap().init.busy = Some(Busy::Checkpointing);
+    let waiters: Vec<_> = (0..MAX_WAITING)
+        .map(|_| {
+            let w = w.clone();
+            std::thread::spawn(move || w.shim.pause("web"))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.state.lock().unwrap().waiting < MAX_WAITING {
+        assert!(Instant::now() < deadline, "the waiters never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let refused = w.shim.pause("web").unwrap_err();
+    assert_eq!(
+        refused.code(),
+        containerd_shim::protos::ttrpc::Code::RESOURCE_EXHAUSTED
+    );
+    let said = refused.to_string();
+    assert!(
+        said.contains("16") && said.contains("checkpoint") && said.contains("try again"),
+        "{said}"
+    );
+    let mut st = c.state.lock().unwrap();
+    w.shim.finish_busy(&c, &mut st);
+    drop(st);
+    let outcomes: Vec<_> = waiters.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(
+        outcomes.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "one pauses"
+    );
+    assert_eq!(c.state.lock().unwrap().waiting, 0);
+}
