@@ -428,7 +428,8 @@ pub fn run<E: Send + Sync + 'static>(
         .map(|case| {
             let env = env.clone();
             let run = case.run;
-            Trial::test(case.name, move || run(&env)).with_ignored_flag(case.ignored)
+            let name = case.name;
+            Trial::test(name, move || recorded(name, || run(&env))).with_ignored_flag(case.ignored)
         })
         .collect();
     let listing = args.list;
@@ -440,4 +441,47 @@ pub fn run<E: Send + Sync + 'static>(
         std::process::exit(101);
     }
     conclusion.exit();
+}
+
+thread_local! {
+    static NOTES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Notes a measurement of the case running on this thread (a time to recover, what a fault
+/// ended as): it goes into the case's line in `$CHALK_RESULTS`.
+pub fn note(what: impl Into<String>) {
+    let what = what.into();
+    eprintln!("note: {what}");
+    NOTES.with(|n| n.borrow_mut().push(what));
+}
+
+/// Runs one case and, when `$CHALK_RESULTS` names a file, appends a JSON line to it: the
+/// case, its cell (`$CHALK_CELL`), whether it passed, its time, its notes and its failure.
+fn recorded(name: &str, run: impl FnOnce() -> TestResult) -> TestResult {
+    NOTES.with(|n| n.borrow_mut().clear());
+    let started = Instant::now();
+    let result = run();
+    let Some(file) = std::env::var_os("CHALK_RESULTS").filter(|f| !f.is_empty()) else {
+        return result;
+    };
+    let line = serde_json::json!({
+        "case": name,
+        "cell": std::env::var("CHALK_CELL").unwrap_or_default(),
+        "passed": result.is_ok(),
+        "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+        "notes": NOTES.with(|n| n.borrow().clone()),
+        "failure": result.as_ref().err().and_then(|f| f.message().map(String::from)),
+    });
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+    if let Err(e) = appended {
+        eprintln!(
+            "results not written to {}: {e}",
+            std::path::Path::new(&file).display()
+        );
+    }
+    result
 }

@@ -109,6 +109,7 @@ fn main() {
         faults::fault_resume_racing_a_delete_ends_one_way,
         faults::fault_shim_killed_at_each_stage_of_a_snapshot_fails_cleanly,
         faults::fault_shim_or_sandbox_killed_during_a_restore_leaves_no_fork,
+        faults::fault_containerd_restarted_with_twenty_sandboxes,
     ];
     // A test of an optional peer is listed as ignored, never passed, when the peer is absent.
     let no_nerdctl = std::env::var_os("CHALK_NERDCTL").is_none_or(|v| v.is_empty());

@@ -184,10 +184,17 @@ fn chalkctl_killed_mid_checkpoint(
     let mut cli = spawn_chalkctl(e, args)?;
     checkpoint_started(src)?;
     kill(cli.id() as i32);
+    let killed = Instant::now();
     let _ = cli.wait();
     checkpoint_ended(src)?;
     let records = settled_records(e, src)?;
     ensure!(records.len() == 1, "records of {src}: {records:?}");
+    testkit::note(format!(
+        "chalkctl {} killed mid-checkpoint: the record read {} {:.1} s later",
+        args[0],
+        records[0]["status"].as_str().unwrap_or("?"),
+        killed.elapsed().as_secs_f64()
+    ));
     Ok(records)
 }
 
@@ -272,7 +279,12 @@ pub fn fault_shim_or_sandbox_killed_mid_checkpoint_fail_cleanly(e: &Env) -> Test
             };
             ensure!(!pids.is_empty(), "no {victim} process of {id}");
             pids.into_iter().for_each(kill);
+            let killed = Instant::now();
             let out = cli.wait_with_output().map_err(|e| e.to_string())?;
+            testkit::note(format!(
+                "{victim} killed mid-checkpoint: chalkctl failed {:.1} s later",
+                killed.elapsed().as_secs_f64()
+            ));
             ensure!(
                 !out.status.success(),
                 "chalkctl snapshot create succeeded with its {victim} killed: {}",
@@ -331,6 +343,15 @@ pub fn fault_two_snapshots_at_once_are_serialized_or_refused(e: &Env) -> TestRes
             }
         }
         ensure!(!completed.is_empty(), "neither snapshot of {src} completed");
+        testkit::note(format!(
+            "{} of 2 completed, the other {}",
+            completed.len(),
+            if completed.len() == 2 {
+                "too"
+            } else {
+                "refused"
+            }
+        ));
         for (id, fork) in completed.iter().zip(forks) {
             e.chalkctl_json(&["fork", "--snapshot-id", id, "--fork-id", fork])?;
             e.count_reaches(fork, 2)?;
@@ -443,11 +464,21 @@ pub fn fault_containerd_restarted_mid_snapshot_fork_and_suspend(_e: &Env) -> Tes
     // A snapshot.
     let mut cli = spawn(&c, &["snapshot", "create", "--id", src])?;
     checkpoint_started(src)?;
+    let restarted = Instant::now();
     c.restart().map_err(|e| e.to_string())?;
     let _ = cli.wait();
     checkpoint_ended(src)?;
     let records = settled(&c)?;
     counting(&c, src)?;
+    testkit::note(format!(
+        "containerd restarted mid-snapshot: the snapshot {}, the sandbox counting {:.1} s after \
+         the kill",
+        records
+            .first()
+            .and_then(|r| r["status"].as_str())
+            .unwrap_or("absent"),
+        restarted.elapsed().as_secs_f64()
+    ));
     let snapshot = match records.iter().find(|r| r["status"] == "completed") {
         Some(r) => r["id"].as_str().unwrap_or_default().to_string(),
         None => chalkctl(&c, &["snapshot", "create", "--id", src])?["id"]
@@ -491,7 +522,7 @@ pub fn fault_containerd_restarted_mid_snapshot_fork_and_suspend(_e: &Env) -> Tes
             Ok("gone")
         }
     }?;
-    eprintln!("containerd restarted mid-fork: the fork {forked}");
+    testkit::note(format!("containerd restarted mid-fork: the fork {forked}"));
 
     // A suspend.
     let mut cli = spawn(&c, &["suspend", "--id", src])?;
@@ -557,15 +588,15 @@ pub fn fault_delete_while_forking_is_never_corrupt(e: &Env) -> TestResult {
             let id = r["id"].as_str().unwrap_or_default();
             e.chalkctl_json(&["snapshot", "get", "--snapshot-id", id])?;
         }
-        eprintln!(
-            "delete while forking: delete exit {}, fork {}",
-            deleted.code,
+        testkit::note(format!(
+            "delete while forking: the delete {}, the fork {}",
+            if deleted.code == 0 { "done" } else { "refused" },
             if forked.status.success() {
                 "ran"
             } else {
                 "failed"
             }
-        );
+        ));
         settled(e, src)
     })();
     let cleaned = delete_records(e, src).and(delete_records(e, fork));
@@ -587,12 +618,16 @@ pub fn fault_resume_racing_a_delete_ends_one_way(e: &Env) -> TestResult {
             .stdout
             .lines()
             .any(|l| l == src);
-        eprintln!(
-            "resume racing a delete: resume {}, rm exit {}, container {}",
-            resumed.status,
-            rm.code,
+        testkit::note(format!(
+            "resume racing a delete: the resume {}, the rm {}, the container {}",
+            if resumed.status.success() {
+                "ran"
+            } else {
+                "refused"
+            },
+            if rm.code == 0 { "done" } else { "refused" },
             if exists { "kept" } else { "gone" }
-        );
+        ));
         if exists {
             ensure!(
                 resumed.status.success(),
@@ -645,8 +680,16 @@ fn shim_killed_at(
         }
         let shim = super::failures::find_shim(id).ok_or(format!("no shim of {id}"))?;
         kill(shim);
-        cli.wait_with_output()
-            .map_err(|e| Failed::from(e.to_string()))
+        let killed = Instant::now();
+        let out = cli
+            .wait_with_output()
+            .map_err(|e| Failed::from(e.to_string()));
+        testkit::note(format!(
+            "shim killed at {stage}: chalkctl {} failed {:.1} s later",
+            args[0],
+            killed.elapsed().as_secs_f64()
+        ));
+        out
     })();
     e.c.disarm_fault(id, stage);
     result
@@ -769,6 +812,11 @@ pub fn fault_shim_or_sandbox_killed_during_a_restore_leaves_no_fork(e: &Env) -> 
             e.assert_clean(fork)
                 .map_err(|f| format!("at {stage}: {}", f.message().unwrap_or_default()))?;
             eprintln!("restore killed at {stage}: chalkctl said {said:?}");
+            if *stage == "boot" {
+                testkit::note(
+                    "runsc's sandbox killed mid-restore: the fork failed and was removed",
+                );
+            }
         }
         e.chalkctl_json(&["fork", "--snapshot-id", &snap, "--fork-id", good])?;
         e.count_reaches(good, 2)?;
@@ -786,4 +834,154 @@ pub fn fault_shim_or_sandbox_killed_during_a_restore_leaves_no_fork(e: &Env) -> 
             .and_then(|()| no_ingest_left(e, src))
     });
     e.conclude(result, &ids, &[])
+}
+
+/// containerd SIGKILLed and started again with 20 sandboxes running (a containerd of its
+/// own): every one still runs and answers, each can be paused, snapshotted and deleted, and
+/// the four with a lifetime end on time.
+pub fn fault_containerd_restarted_with_twenty_sandboxes(_e: &Env) -> TestResult {
+    const N: usize = 20;
+    const WITH_LIFETIME: usize = 4;
+    let mut c = Containerd::start().map_err(|e| e.to_string())?;
+    c.import_busybox().map_err(|e| e.to_string())?;
+    let ids: Vec<String> = (0..N).map(|i| format!("twenty-{i:02}")).collect();
+    let chalkctl = |c: &Containerd, args: &[&str]| -> CtrOutput {
+        c.chalkctl_command()
+            .expect("chalkctl is built")
+            .args(args)
+            .output()
+            .expect("run chalkctl")
+            .into()
+    };
+    let count = |c: &Containerd, id: &str| -> Option<u64> {
+        let out = c.ctr(["task", "exec", "--exec-id", "peek", id, "cat", "/tmp/count"]);
+        out.stdout.trim().parse().ok()
+    };
+    let all_answer = |c: &Containerd, ids: &[String]| -> TestResult {
+        for id in ids {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while count(c, id).is_none() {
+                ensure!(
+                    Instant::now() < deadline,
+                    "{id} does not answer; tasks: {}",
+                    c.ctr(["task", "ls"]).stdout
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Ok(())
+    };
+    // Four at a time, the ones with a lifetime last (just before the restart).
+    let run_all = |ids: &[String], lifetime: Option<&str>| -> TestResult {
+        for batch in ids.chunks(4) {
+            let outs: Vec<CtrOutput> = std::thread::scope(|s| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|id| {
+                        let c = &c;
+                        s.spawn(move || {
+                            let mut args = vec!["run"];
+                            if let Some(l) = lifetime {
+                                args.extend(["--lifetime", l]);
+                            }
+                            args.extend([IMAGE, id.as_str(), "--", "sh", "-c", COUNTER]);
+                            chalkctl(c, &args)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for out in outs {
+                ensure!(out.code == 0, "chalkctl run: {out:?}");
+            }
+        }
+        Ok(())
+    };
+    let started = Instant::now();
+    let (plain, timed) = ids.split_at(N - WITH_LIFETIME);
+    run_all(plain, None)?;
+    all_answer(&c, plain)?;
+    let lifetimes_from = Instant::now();
+    run_all(timed, Some("45s"))?;
+    let running_in = started.elapsed();
+
+    let restarted = Instant::now();
+    c.restart().map_err(|e| e.to_string())?;
+    let tasks = c.ctr(["task", "ls"]).stdout;
+    for id in &ids {
+        ensure!(
+            tasks
+                .lines()
+                .any(|l| l.starts_with(id.as_str()) && l.contains("RUNNING")),
+            "after the restart {id} is not running: {tasks}"
+        );
+    }
+    all_answer(&c, timed)?;
+    all_answer(&c, plain)?;
+    let answering = restarted.elapsed();
+
+    // Manageable: pause and resume, a snapshot, a kill; then the lifetimes end on time.
+    let first = ids[0].as_str();
+    for verb in ["pause", "resume"] {
+        let out = c.ctr(["task", verb, first]);
+        ensure!(out.code == 0, "ctr task {verb} {first}: {out:?}");
+    }
+    let snap = chalkctl(
+        &c,
+        &["--output", "json", "snapshot", "create", "--id", &ids[1]],
+    );
+    ensure!(snap.code == 0, "snapshot after the restart: {snap:?}");
+    let snap: serde_json::Value = serde_json::from_str(&snap.stdout).map_err(|e| e.to_string())?;
+    let snap_id = snap["id"].as_str().unwrap_or_default().to_string();
+    for id in timed {
+        loop {
+            let got = chalkctl(&c, &["get", "--id", id]);
+            if got.code != 0 && got.stderr.contains("not found") {
+                break;
+            }
+            ensure!(
+                lifetimes_from.elapsed() < Duration::from_secs(90),
+                "{id} outlived its 45s lifetime across the restart: {got:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    let ended = lifetimes_from.elapsed();
+    ensure!(
+        ended >= Duration::from_secs(44),
+        "a lifetime of 45s ended after {ended:?}"
+    );
+    for id in plain {
+        let out = c.ctr(["task", "kill", "-s", "SIGKILL", id]);
+        ensure!(out.code == 0, "kill {id} after the restart: {out:?}");
+    }
+    for id in plain {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if c.ctr(["task", "rm", id]).code == 0 {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{id}'s task cannot be removed");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let out = c.ctr(["containers", "rm", id]);
+        ensure!(out.code == 0, "containers rm {id}: {out:?}");
+    }
+    let deleted = chalkctl(&c, &["snapshot", "delete", "--snapshot-id", &snap_id]);
+    ensure!(deleted.code == 0, "snapshot delete: {deleted:?}");
+    let left = chalk_integration::procs::processes()
+        .into_iter()
+        .filter(|(_, a)| {
+            a.iter().any(|x| x.contains("runsc")) && a.iter().any(|x| ids.iter().any(|id| x == id))
+        })
+        .count();
+    ensure!(left == 0, "{left} runsc processes left of the twenty");
+    testkit::note(format!(
+        "20 running in {:.1} s; after containerd's restart all 20 answered in {:.1} s; the \
+         lifetimes (20 s) ended after {:.1} s",
+        running_in.as_secs_f64(),
+        answering.as_secs_f64(),
+        ended.as_secs_f64()
+    ));
+    Ok(())
 }
