@@ -267,7 +267,8 @@ pub fn fork(
         short(&snap.digest),
         snap.sandbox_id
     ));
-    client.lease(&format!("chalkctl-fork-{stamp}"))?;
+    // Two chalkctl processes may fork in the same millisecond: the pid keeps leases apart.
+    client.lease(&format!("chalkctl-fork-{stamp}-{}", std::process::id()))?;
     let client = &*client;
     let p = &p;
     let digest = snap.digest.as_str();

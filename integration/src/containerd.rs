@@ -157,7 +157,7 @@ fn spawn_daemon(d: &Path) -> io::Result<Child> {
 }
 
 /// The bytes of the files below `dir`.
-fn bytes_under(dir: &Path) -> u64 {
+pub fn bytes_under(dir: &Path) -> u64 {
     fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -8,6 +8,7 @@ pub mod cri;
 pub mod image;
 pub mod procs;
 pub mod registry;
+pub mod reliability;
 pub mod testkit;
 pub mod tty;
 pub mod web;

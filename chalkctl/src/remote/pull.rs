@@ -85,7 +85,11 @@ pub fn pull(
     let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
 
     let name = registry::record_name(&m.source.sandbox_id, &snapshots::now());
-    client.lease(&format!("chalkctl-pull-{}", fork::short(&id)))?;
+    client.lease(&format!(
+        "chalkctl-pull-{}-{}",
+        fork::short(&id),
+        std::process::id()
+    ))?;
     let mut t = Transfer::default();
     let snapshotter = oci_manifest
         .annotations
