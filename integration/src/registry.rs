@@ -179,7 +179,10 @@ pub struct Secured {
     pub dir: PathBuf,
     pub hosts_dir: PathBuf,
     pub docker_config: PathBuf,
-    _guard: Guard,
+    guard: Option<Guard>,
+    binary: PathBuf,
+    storage: String,
+    env: Vec<(String, String)>,
     _tmp: tempfile::TempDir,
 }
 
@@ -221,9 +224,39 @@ impl Secured {
             dir,
             hosts_dir,
             docker_config,
-            _guard: guard,
+            guard: Some(guard),
+            binary: binary.to_path_buf(),
+            storage,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             _tmp: tmp,
         })
+    }
+
+    /// SIGKILLs the registry (a registry going away mid-transfer).
+    pub fn stop(&mut self) {
+        self.guard.take();
+    }
+
+    /// Serves again on the same address and storage after [`Secured::stop`].
+    pub fn serve_again(&mut self) -> Result<(), String> {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let guard = serve_tls(
+            &self.binary,
+            &self.dir,
+            &self.addr,
+            &self.storage,
+            (USER, PASSWORD),
+            &env,
+        )?;
+        self.guard = Some(guard);
+        Ok(())
     }
 
     /// Where filesystem storage keeps the blobs.

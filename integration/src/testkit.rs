@@ -485,3 +485,57 @@ fn recorded(name: &str, run: impl FnOnce() -> TestResult) -> TestResult {
     }
     result
 }
+
+/// A tmpfs of a few MiB mounted at a directory until dropped: a disk that fills up.
+pub struct SmallFs(pub PathBuf);
+
+impl SmallFs {
+    pub fn mount(dir: PathBuf, mib: u32) -> Result<Self, Failed> {
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .map_err(|e| e.to_string())?;
+        ensure!(
+            out.status.success(),
+            "mount a tmpfs at {}: {out:?}",
+            dir.display()
+        );
+        Ok(SmallFs(dir))
+    }
+
+    /// Makes room: the same filesystem, `mib` MiB now, what it holds kept.
+    pub fn grow(&self, mib: u32) -> TestResult {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={mib}m")])
+            .arg(&self.0)
+            .output()
+            .map_err(|e| e.to_string())?;
+        ensure!(
+            out.status.success(),
+            "remount {}: {out:?}",
+            self.0.display()
+        );
+        Ok(())
+    }
+
+    pub fn is_empty(&self, sub: &str) -> bool {
+        std::fs::read_dir(self.0.join(sub)).map_or(true, |mut d| d.next().is_none())
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}

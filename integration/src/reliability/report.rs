@@ -168,6 +168,19 @@ pub fn render(results: &[Value], meta: &[Value], when: &str) -> String {
         failed
     ));
     for section in [FAULTS, BAD_INPUT, LOAD] {
+        // The cells this section has results of (unit tests have a cell of their own).
+        let cells: Vec<&String> = cells
+            .iter()
+            .filter(|c| {
+                PROMISES
+                    .iter()
+                    .filter(|p| p.section == section)
+                    .any(|p| by_case.contains_key(&(p.case.to_string(), (*c).clone())))
+            })
+            .collect();
+        if cells.is_empty() {
+            continue;
+        }
         out.push_str(&format!("\n## {section}\n\n| case | promise |"));
         for c in &cells {
             out.push_str(&format!(" {c} |"));
@@ -180,7 +193,7 @@ pub fn render(results: &[Value], meta: &[Value], when: &str) -> String {
                 .iter()
                 .map(|c| {
                     by_case
-                        .get(&(p.case.to_string(), c.clone()))
+                        .get(&(p.case.to_string(), (*c).clone()))
                         .map_or_else(|| "not run".to_string(), |r| outcome(r))
                 })
                 .collect();
@@ -202,15 +215,22 @@ pub fn render(results: &[Value], meta: &[Value], when: &str) -> String {
         .filter(|(case, _)| !known.contains(&case.as_str()) && case != "soak")
         .collect();
     if !others.is_empty() {
-        out.push_str(
-            "\n## Other results in this run\n\n| case | cell | outcome |\n|---|---|---|\n",
-        );
-        for key in others {
+        let failed: Vec<&&(String, String)> = others
+            .iter()
+            .filter(|k| by_case[**k]["passed"].as_bool() != Some(true))
+            .collect();
+        out.push_str(&format!(
+            "\n## The rest of the suites in this run\n\n{} other results (the e2e and travel \
+             suites' other cases), {} passed.\n",
+            others.len(),
+            others.len() - failed.len()
+        ));
+        for key in failed {
             out.push_str(&format!(
-                "| `{}` | {} | {} |\n",
+                "- `{}` ({}): {}\n",
                 key.0,
                 key.1,
-                outcome(by_case[key])
+                outcome(by_case[*key])
             ));
         }
     }
@@ -233,8 +253,9 @@ fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, 
     }
     out.push_str(
         "Each cycle: run a sandbox, snapshot it, fork the snapshot, suspend and resume the fork, \
-         delete both and their snapshots; and snapshot a long-lived sandbox (its shim lives \
-         through the soak) and delete that snapshot. Sampled every 25 cycles; a measure grows \
+         delete both and their snapshots. Every 25 cycles a long-lived sandbox (its shim lives \
+         through the soak) is snapshotted, timed, and the snapshot deleted, and the measures \
+         below are sampled; a measure grows \
          when its second half's mean and its last sample pass its first half's by 10% and a \
          floor (2 fds or processes, 8 MB of RSS, 16 MB of disk).\n\n",
     );
@@ -258,7 +279,7 @@ fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, 
         if samples.is_empty() {
             continue;
         }
-        out.push_str("| after cycle | shim RSS | shim fds | containerd RSS | containerd fds | content store | snapshot store | containerd's directory | runsc processes |\n|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("| after cycle | long-lived snapshot | shim RSS | shim fds | containerd RSS | containerd fds | content store | snapshot store | containerd's directory | runsc processes |\n|---|---|---|---|---|---|---|---|---|---|\n");
         let mb = |v: &Value| {
             v.as_u64()
                 .map_or("-".into(), |b| format!("{:.1} MB", b as f64 / 1e6))
@@ -271,8 +292,12 @@ fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, 
                 continue;
             }
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 s["cycle"],
+                s["base_snapshot_ms"]
+                    .as_u64()
+                    .filter(|ms| *ms > 0)
+                    .map_or("-".into(), |ms| format!("{:.2} s", ms as f64 / 1000.0)),
                 mb(&s["shim_rss"]),
                 n(&s["shim_fds"]),
                 mb(&s["containerd_rss"]),
@@ -352,8 +377,12 @@ mod tests {
         );
         assert!(md.contains("`manifest_bytes_never_panic`"));
         assert!(
-            md.contains("| `something_new` | debian |"),
-            "unknown cases are listed"
+            md.contains("1 other results"),
+            "unknown cases are counted: {md}"
+        );
+        assert!(
+            md.contains("| case | promise | all |"),
+            "a section has its own cells: {md}"
         );
         assert!(md.contains("4 results, 3 passed, 1 failed"), "{md}");
         assert!(md.contains("Not run (`scripts/reliability --soak`)"));
@@ -371,7 +400,7 @@ mod tests {
             "samples": [{"cycle": 0, "shim_rss": 30000000u64, "shim_fds": 20}, {"cycle": 50, "shim_rss": 31000000u64, "shim_fds": 20}]});
         let md = render(&[soak], &[], "today");
         assert!(md.contains("### debian: 50 cycles, passed"), "{md}");
-        assert!(md.contains("| 50 | 31.0 MB | 20 |"), "{md}");
+        assert!(md.contains("| 50 | - | 31.0 MB | 20 |"), "{md}");
         assert!(md.contains("- shim_fds: 20 at the start"), "{md}");
     }
 

@@ -6,6 +6,7 @@ use std::{os::unix::fs::PermissionsExt, path::Path};
 use chalk_integration::api::Descriptor;
 
 use super::*;
+use chalk_integration::testkit::SmallFs;
 
 fn snapshot_dir(e: &Env, name: &str) -> PathBuf {
     let dir = e.c.dir().join("snapshots").join(name);
@@ -449,42 +450,6 @@ pub fn failed_checkpoint_leaves_the_source_running(e: &Env) -> TestResult {
     e.remove(id);
     result?;
     e.assert_clean(id)
-}
-
-/// A tmpfs of `mib` MiB mounted at `dir` until dropped.
-struct SmallFs(PathBuf);
-
-impl SmallFs {
-    fn mount(dir: PathBuf, mib: u32) -> Result<Self, Failed> {
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={mib}m,mode=0700"),
-                "tmpfs",
-            ])
-            .arg(&dir)
-            .output()
-            .map_err(|e| e.to_string())?;
-        ensure!(
-            out.status.success(),
-            "mount a tmpfs at {}: {out:?}",
-            dir.display()
-        );
-        Ok(SmallFs(dir))
-    }
-
-    fn is_empty(&self, sub: &str) -> bool {
-        std::fs::read_dir(self.0.join(sub)).map_or(true, |mut d| d.next().is_none())
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 /// A checkpoint its filesystem has no room for: refused before the sandbox is touched (it runs
