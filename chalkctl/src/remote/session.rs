@@ -357,6 +357,8 @@ impl Session {
                     )
                 } else if chain.contains("InvalidContentType") || chain.contains("wrong version") {
                     " (is it plain HTTP? then pass --plain-http)".to_string()
+                } else if !cut_or_full(&chain).is_empty() {
+                    cut_or_full(&chain).to_string()
                 } else if chain.contains("onnect") {
                     " (is the registry up, and is this its address?)".to_string()
                 } else {
@@ -364,10 +366,62 @@ impl Session {
                 };
                 format!("{} {chain}{hint}", self.endpoint.url())
             }
-            other => other.to_string(),
+            other => {
+                let said = other.to_string();
+                format!("{}{}", said.trim_end(), cut_or_full(&said))
+            }
         };
-        Error::from(format!("{what} of {}: {text}", r.whole()))
+        Error::from(format!(
+            "{what} of {}: {}",
+            r.whole(),
+            without_url_queries(&text)
+        ))
     }
+}
+
+/// What to do about a transfer the registry cut off or could not store.
+fn cut_or_full(text: &str) -> &'static str {
+    let t = text.to_ascii_lowercase();
+    if t.contains("os error 28") {
+        " (this host's disk is full: make room where the snapshot store is, then run the same \
+         command again)"
+    } else if t.contains("no space left") {
+        " (the registry's storage is full: make room there, then push again; the blobs it \
+         has already are not sent again)"
+    } else if [
+        "error decoding response body",
+        "connection reset",
+        "broken pipe",
+        "unexpected eof",
+        "incompletemessage",
+    ]
+    .iter()
+    .any(|m| t.contains(m))
+    {
+        " (the connection to the registry broke mid-transfer: run the same command again \
+         once it is back)"
+    } else {
+        ""
+    }
+}
+
+/// `text` with every URL's query cut off: an upload URL's `_state` is a session of the
+/// registry's, noise at best in an error.
+fn without_url_queries(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | ',' | '"' | '\''))
+            .unwrap_or(tail.len());
+        let url = &tail[..end];
+        out.push_str(url.split_once('?').map_or(url, |(u, _)| u));
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Whether the registry said there is no such manifest or repository.
@@ -395,4 +449,30 @@ fn check_digest(digest: &str, hex: &str) -> Result<()> {
         .into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_queries_are_cut_from_errors() {
+        let text = "Server error: url https://r:5000/v2/a/blobs/uploads/1?_state=SECRET&digest=x, \
+                    code: 500 (see http://r/x?y=1)";
+        let cut = without_url_queries(text);
+        assert_eq!(
+            cut,
+            "Server error: url https://r:5000/v2/a/blobs/uploads/1, code: 500 (see http://r/x)"
+        );
+        assert_eq!(without_url_queries("no url here"), "no url here");
+    }
+
+    #[test]
+    fn a_full_or_cut_transfer_says_what_to_do() {
+        assert!(cut_or_full("write …/data: no space left on device").contains("registry's"));
+        assert!(cut_or_full("No space left on device (os error 28)").contains("this host's"));
+        assert!(cut_or_full("error decoding response body").contains("run the same command"));
+        assert!(cut_or_full("Connection reset by peer (os error 104)").contains("again"));
+        assert_eq!(cut_or_full("404 not found"), "");
+    }
 }
