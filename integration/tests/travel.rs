@@ -987,7 +987,7 @@ fn fault_registry_gone_mid_push_and_mid_pull(h: &Hosts) -> TestResult {
         testkit::note(push_note);
         testkit::note(format!(
             "pull cut: failed saying {:?}, nothing left; pulled and forked once back",
-            said.trim().lines().last().unwrap_or_default()
+            said.trim().replace('\n', " ")
         ));
         host.conclude(Ok(()), &[fork], std::slice::from_ref(&snap))
     })();
