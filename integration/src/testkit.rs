@@ -539,3 +539,25 @@ impl Drop for SmallFs {
             .status();
     }
 }
+
+/// Waits until `chalkctl get --id id` on `c` says not found (a lifetime ended it), failing
+/// once `limit` has passed since `since`.
+pub fn wait_gone(c: &Containerd, id: &str, since: Instant, limit: Duration) -> TestResult {
+    loop {
+        let got: CtrOutput = c
+            .chalkctl_command()
+            .map_err(|e| e.to_string())?
+            .args(["get", "--id", id])
+            .output()
+            .map_err(|e| e.to_string())?
+            .into();
+        if got.code != 0 && got.stderr.contains("not found") {
+            return Ok(());
+        }
+        ensure!(
+            since.elapsed() < limit,
+            "{id} outlived its lifetime ({limit:?} after it started): {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

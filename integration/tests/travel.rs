@@ -768,6 +768,20 @@ fn fresh_host() -> Result<Env, Failed> {
     })
 }
 
+/// The pull of `reference` on `host` that must work now (after a fault that failed one), and
+/// a fork of it that counts on.
+fn pull_and_fork(own: &Own, host: &Env, reference: &str, snap: &str, fork: &str) -> TestResult {
+    let pulled = own.json(host, &["snapshot", "pull", reference])?;
+    ensure!(
+        pulled["id"] == snap,
+        "the pull that must work now: {pulled}"
+    );
+    own.json(host, &["fork", "--snapshot-id", snap, "--fork-id", fork])?;
+    let n = host.count(fork)?;
+    host.count_reaches(fork, n + 2)?;
+    Ok(())
+}
+
 /// The snapshot store of a fresh host on a 16 MiB filesystem: a pull of a 48 MB snapshot
 /// fails saying the disk is full, leaves nothing partial, and succeeds once there is room;
 /// the pulled snapshot forks.
@@ -795,14 +809,7 @@ fn fault_disk_full_during_a_pull_fails_cleanly_and_pulls_after(h: &Hosts) -> Tes
         let failed_in = started.elapsed();
         nothing_of_a_failed_pull(&host, id)?;
         small.grow(512)?;
-        let pulled = own.json(&host, &["snapshot", "pull", &reference])?;
-        ensure!(
-            pulled["id"] == snap.as_str(),
-            "the pull with room: {pulled}"
-        );
-        own.json(&host, &["fork", "--snapshot-id", &snap, "--fork-id", fork])?;
-        let n = host.count(fork)?;
-        host.count_reaches(fork, n + 2)?;
+        pull_and_fork(&own, &host, &reference, &snap, fork)?;
         testkit::note(format!(
             "the pull failed in {:.1} s saying: {}; nothing left; with room it pulled and forked",
             failed_in.as_secs_f64(),
@@ -976,14 +983,7 @@ fn fault_registry_gone_mid_push_and_mid_pull(h: &Hosts) -> TestResult {
         );
         nothing_of_a_failed_pull(&host, id)?;
         own.registry.serve_again()?;
-        let pulled = own.json(&host, &["snapshot", "pull", &reference])?;
-        ensure!(
-            pulled["id"] == snap.as_str(),
-            "the pull once back: {pulled}"
-        );
-        own.json(&host, &["fork", "--snapshot-id", &snap, "--fork-id", fork])?;
-        let n = host.count(fork)?;
-        host.count_reaches(fork, n + 2)?;
+        pull_and_fork(&own, &host, &reference, &snap, fork)?;
         testkit::note(push_note);
         testkit::note(format!(
             "pull cut: failed saying {:?}, nothing left; pulled and forked once back",

@@ -265,6 +265,47 @@ pub fn fault_chalkctl_killed_mid_suspend_is_settled(e: &Env) -> TestResult {
     e.conclude(result, &[src], &[])
 }
 
+/// After a snapshot whose shim or sandbox was killed: chalkctl failed, the record reads
+/// failed, the source is gone with its exit reported (or removed by containerd's cleanup),
+/// and nothing is left unsettled.
+fn failed_with_the_source_gone(
+    e: &Env,
+    id: &str,
+    out: &std::process::Output,
+    what: &str,
+) -> TestResult {
+    ensure!(
+        !out.status.success(),
+        "chalkctl snapshot create succeeded with {what}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let records = settled_records(e, id)?;
+    ensure!(
+        records.len() == 1 && records[0]["status"] == "failed",
+        "records of {id} after {what}: {records:?}"
+    );
+    e.wait_status(id, "STOPPED", Duration::from_secs(30))
+        .or_else(|_| {
+            ensure!(
+                e.task_status(id).is_none(),
+                "{id}'s task reads {:?} after {what}",
+                e.task_status(id)
+            );
+            Ok(())
+        })?;
+    settled(e, id)
+}
+
+/// Ends a case on sandbox `id`: its records deleted, no ingest of it left, the sandbox
+/// removed and checked clean; a failure is told with `label` first.
+fn conclude_labelled(e: &Env, id: &str, result: TestResult, label: &str) -> TestResult {
+    let cleaned = delete_records(e, id);
+    let result = result.and(cleaned).and_then(|()| no_ingest_left(e, id));
+    let result =
+        result.map_err(|f| Failed::from(format!("{label}: {}", f.message().unwrap_or_default())));
+    e.conclude(result, &[id], &[])
+}
+
 /// The shim, or runsc's sandbox, SIGKILLed while runsc checkpoints: the snapshot fails with a
 /// reason, the sandbox is gone with its exit reported, and nothing of it is left.
 pub fn fault_shim_or_sandbox_killed_mid_checkpoint_fail_cleanly(e: &Env) -> TestResult {
@@ -285,37 +326,9 @@ pub fn fault_shim_or_sandbox_killed_mid_checkpoint_fail_cleanly(e: &Env) -> Test
                 "{victim} killed mid-checkpoint: chalkctl failed {:.1} s later",
                 killed.elapsed().as_secs_f64()
             ));
-            ensure!(
-                !out.status.success(),
-                "chalkctl snapshot create succeeded with its {victim} killed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-            let records = records_of(e, id)?;
-            ensure!(
-                records.len() == 1 && records[0]["status"] == "failed",
-                "records of {id} after its {victim} was killed: {records:?}"
-            );
-            // Gone, with its exit reported (or removed by the shim's cleanup).
-            e.wait_status(id, "STOPPED", Duration::from_secs(30))
-                .or_else(|_| {
-                    ensure!(
-                        e.task_status(id).is_none(),
-                        "{id}'s task reads {:?} after its {victim} was killed",
-                        e.task_status(id)
-                    );
-                    Ok(())
-                })?;
-            settled(e, id)
+            failed_with_the_source_gone(e, id, &out, &format!("its {victim} killed"))
         })();
-        let cleaned = delete_records(e, id);
-        let result = result.and(cleaned).and_then(|()| no_ingest_left(e, id));
-        let result = result.map_err(|f| {
-            Failed::from(format!(
-                "{victim} killed: {}",
-                f.message().unwrap_or_default()
-            ))
-        });
-        e.conclude(result, &[id], &[])?;
+        conclude_labelled(e, id, result, &format!("{victim} killed"))?;
     }
     Ok(())
 }
@@ -705,32 +718,9 @@ pub fn fault_shim_killed_at_each_stage_of_a_snapshot_fails_cleanly(e: &Env) -> T
         let result = (|| {
             filled(e, id, 32)?;
             let out = shim_killed_at(e, id, stage, &["snapshot", "create", "--id", id])?;
-            ensure!(
-                !out.status.success(),
-                "chalkctl snapshot create succeeded with the shim killed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-            let records = settled_records(e, id)?;
-            ensure!(
-                records.len() == 1 && records[0]["status"] == "failed",
-                "records of {id}: {records:?}"
-            );
-            e.wait_status(id, "STOPPED", Duration::from_secs(30))
-                .or_else(|_| {
-                    ensure!(
-                        e.task_status(id).is_none(),
-                        "{id}'s task reads {:?} with its shim killed",
-                        e.task_status(id)
-                    );
-                    Ok(())
-                })?;
-            settled(e, id)
+            failed_with_the_source_gone(e, id, &out, &format!("the shim killed at {stage}"))
         })();
-        let cleaned = delete_records(e, id);
-        let result = result.and(cleaned).and_then(|()| no_ingest_left(e, id));
-        let result = result
-            .map_err(|f| Failed::from(format!("at {stage}: {}", f.message().unwrap_or_default())));
-        e.conclude(result, &[id], &[])?;
+        conclude_labelled(e, id, result, &format!("at {stage}"))?;
     }
     Ok(())
 }
@@ -934,17 +924,7 @@ pub fn fault_containerd_restarted_with_twenty_sandboxes(_e: &Env) -> TestResult 
     let snap: serde_json::Value = serde_json::from_str(&snap.stdout).map_err(|e| e.to_string())?;
     let snap_id = snap["id"].as_str().unwrap_or_default().to_string();
     for id in timed {
-        loop {
-            let got = chalkctl(&c, &["get", "--id", id]);
-            if got.code != 0 && got.stderr.contains("not found") {
-                break;
-            }
-            ensure!(
-                lifetimes_from.elapsed() < Duration::from_secs(90),
-                "{id} outlived its 45s lifetime across the restart: {got:?}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        testkit::wait_gone(&c, id, lifetimes_from, Duration::from_secs(90))?;
     }
     let ended = lifetimes_from.elapsed();
     ensure!(

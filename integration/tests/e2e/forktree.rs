@@ -306,17 +306,7 @@ pub fn lifetime_survives_a_containerd_restart(_e: &Env) -> TestResult {
         c.ctr(["task", "ls"]).stdout.contains(id),
         "the restarted containerd lost the sandbox"
     );
-    loop {
-        let got = chalkctl(&c, &["get", "--id", id]);
-        if got.code != 0 && got.stderr.contains("not found") {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "{id} outlived its lifetime across the restart: {got:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    testkit::wait_gone(&c, id, started, Duration::from_secs(30))?;
     let lived = started.elapsed();
     ensure!(
         lived >= Duration::from_secs(5),
