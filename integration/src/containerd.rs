@@ -245,7 +245,7 @@ impl Containerd {
             .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
             .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
         let since = self.started - Duration::from_secs(1);
-        fs::read_dir(&temp)
+        let found = fs::read_dir(&temp)
             .into_iter()
             .flatten()
             .flatten()
@@ -264,7 +264,21 @@ impl Containerd {
                 let m: serde_json::Value = serde_json::from_slice(&m).unwrap_or_default();
                 m.is_null() || m["source"]["namespace"] == self.namespace.as_str()
             })
-            .map(|e| (e.path(), bytes_under(&e.path())))
+            .map(|e| e.path())
+            .collect::<Vec<_>>();
+        // Another containerd on this host may be restoring right now: a directory of a
+        // restore under way goes within moments, one left behind stays.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut left = found;
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(250));
+            left.retain(|p| p.exists());
+        }
+        left.into_iter()
+            .map(|p| {
+                let bytes = bytes_under(&p);
+                (p, bytes)
+            })
             .collect()
     }
 
