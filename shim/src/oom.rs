@@ -7,6 +7,10 @@ use std::{
     io::{self, Read},
     os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
 };
 
 use nix::sys::{
@@ -52,54 +56,91 @@ fn oom_kills(memory_events: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Calls `on_oom` each time the cgroup of `pid` hits an OOM, until the cgroup goes away.
-pub fn watch(pid: i32, on_oom: impl Fn() + Send + 'static) -> io::Result<()> {
-    let (dir, v2) = memory_cgroup(pid)?;
-    if v2 {
-        watch_v2(dir, on_oom)
-    } else {
-        watch_v1(dir, on_oom)
+/// A running watch: [`Watch::stop`] ends its thread and closes its files. A sandbox replaced
+/// by its restore keeps its cgroup when the old one's cannot be removed yet, and the new
+/// sandbox gets a watch of its own: the old one must not linger (two files and a thread each).
+pub struct Watch {
+    stopped: Arc<AtomicBool>,
+    wake: Box<dyn FnOnce() + Send>,
+}
+
+impl Watch {
+    pub fn stop(self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        (self.wake)();
     }
 }
 
-fn watch_v1(dir: PathBuf, on_oom: impl Fn() + Send + 'static) -> io::Result<()> {
-    let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC)?;
+/// Calls `on_oom` each time the memory cgroup of process `pid` hits its limit, until stopped.
+pub fn watch(pid: i32, on_oom: impl Fn() + Send + 'static) -> io::Result<Watch> {
+    let (dir, v2) = memory_cgroup(pid)?;
+    let stopped = Arc::new(AtomicBool::new(false));
+    if v2 {
+        watch_v2(dir, stopped, on_oom)
+    } else {
+        watch_v1(dir, stopped, on_oom)
+    }
+}
+
+/// What a stop adds to the v1 eventfd's count: more than any number of OOM notifications.
+const STOP: u64 = 1 << 32;
+
+fn watch_v1(
+    dir: PathBuf,
+    stopped: Arc<AtomicBool>,
+    on_oom: impl Fn() + Send + 'static,
+) -> io::Result<Watch> {
+    let efd = Arc::new(EventFd::from_flags(EfdFlags::EFD_CLOEXEC)?);
     let control = File::open(dir.join("memory.oom_control"))?;
     std::fs::write(
         dir.join("cgroup.event_control"),
         format!("{} {}", efd.as_fd().as_raw_fd(), control.as_raw_fd()),
     )?;
+    let (events, done) = (efd.clone(), stopped.clone());
     std::thread::Builder::new()
         .name("oom-v1".into())
         .spawn(move || {
             let _control = control;
-            while efd.read().is_ok() {
-                // The eventfd also fires when the cgroup is removed: that ends the watch.
-                if !dir.join("memory.oom_control").exists() {
+            // The eventfd also fires when the cgroup is removed, and when stopped (adding
+            // STOP, so that an OOM read together with the stop still counts).
+            while let Ok(n) = events.read() {
+                if n % STOP > 0 && dir.join("memory.oom_control").exists() {
+                    on_oom();
+                }
+                if done.load(Ordering::SeqCst) || !dir.join("memory.oom_control").exists() {
                     break;
                 }
-                on_oom();
             }
         })?;
-    Ok(())
+    Ok(Watch {
+        stopped,
+        wake: Box::new(move || {
+            let _ = efd.write(STOP);
+        }),
+    })
 }
 
-fn watch_v2(dir: PathBuf, on_oom: impl Fn() + Send + 'static) -> io::Result<()> {
+fn watch_v2(
+    dir: PathBuf,
+    stopped: Arc<AtomicBool>,
+    on_oom: impl Fn() + Send + 'static,
+) -> io::Result<Watch> {
     let events = dir.join("memory.events");
-    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)?;
-    inotify.add_watch(&events, AddWatchFlags::IN_MODIFY)?;
+    let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC)?);
+    let wd = inotify.add_watch(&events, AddWatchFlags::IN_MODIFY)?;
     let read_count = move |path: &Path| -> Option<u64> {
         let mut s = String::new();
         File::open(path).ok()?.read_to_string(&mut s).ok()?;
         Some(oom_kills(&s))
     };
     let mut seen = read_count(&events).unwrap_or(0);
+    let (watching, done) = (inotify.clone(), stopped.clone());
     std::thread::Builder::new()
         .name("oom-v2".into())
         .spawn(move || loop {
-            if inotify.read_events().is_err() {
-                break;
-            }
+            // Removing the watch (stop) wakes the read with IN_IGNORED; an OOM counted
+            // before it is still reported.
+            let woke = watching.read_events().is_ok();
             let Some(now) = read_count(&events) else {
                 break;
             };
@@ -107,8 +148,16 @@ fn watch_v2(dir: PathBuf, on_oom: impl Fn() + Send + 'static) -> io::Result<()> 
                 seen = now;
                 on_oom();
             }
+            if !woke || done.load(Ordering::SeqCst) {
+                break;
+            }
         })?;
-    Ok(())
+    Ok(Watch {
+        stopped,
+        wake: Box::new(move || {
+            let _ = inotify.rm_watch(wd);
+        }),
+    })
 }
 
 #[cfg(test)]

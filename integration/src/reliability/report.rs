@@ -279,7 +279,7 @@ fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, 
         if samples.is_empty() {
             continue;
         }
-        out.push_str("| after cycle | long-lived snapshot | shim RSS | shim fds | containerd RSS | containerd fds | content store | snapshot store | containerd's directory | runsc processes |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("| after cycle | long-lived snapshot | shim RSS | shim fds | containerd RSS | containerd fds | content store | snapshot store | containerd's directory (not its log) | runsc processes |\n|---|---|---|---|---|---|---|---|---|---|\n");
         let mb = |v: &Value| {
             v.as_u64()
                 .map_or("-".into(), |b| format!("{:.1} MB", b as f64 / 1e6))
@@ -309,6 +309,20 @@ fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, 
             ));
         }
         out.push('\n');
+        let logged = |s: &Value| s["log_bytes"].as_u64();
+        if let (Some(a), Some(b), Some(cycles)) = (
+            samples.first().and_then(|s| logged(s)),
+            samples.last().and_then(|s| logged(s)),
+            samples
+                .last()
+                .and_then(|s| s["cycle"].as_u64())
+                .filter(|c| *c > 0),
+        ) {
+            out.push_str(&format!(
+                "- containerd's log (debug level, the shims' lines in it) grew {:.1} KB a cycle\n",
+                b.saturating_sub(a) as f64 / cycles as f64 / 1e3
+            ));
+        }
         for note in r["notes"]
             .as_array()
             .into_iter()

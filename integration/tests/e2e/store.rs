@@ -129,7 +129,7 @@ pub fn snapshots_are_blobs_restored_in_place(e: &Env) -> TestResult {
             let log = e.c.log();
             let restores: Vec<String> = log
                 .lines()
-                .filter(|l| l.contains("chalk-timing op=restore") && l.contains("st-fork-"))
+                .filter(|l| l.contains("chalk-timing op=restore id=st-fork-"))
                 .map(String::from)
                 .collect();
             if restores.len() >= 2 || Instant::now() > deadline {

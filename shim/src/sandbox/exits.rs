@@ -20,24 +20,29 @@ use crate::{events::timestamp, oom};
 impl Sandboxes {
     /// Watches sandbox process `pid` of `c` (and its memory cgroup, for TaskOOM).
     pub(super) fn watch_init(&self, c: &Arc<Container>, pid: i32, not_before: Instant) {
-        let exits = c.runtime.watch_exit(pid, not_before);
-        let this = self.clone();
-        let id = c.id.clone();
-        std::thread::spawn(move || {
-            if let Ok(status) = exits.recv() {
-                this.sandbox_exited(&id, pid as u32, status);
-            }
-        });
         let events = self.inner.events.clone();
         let id = c.id.clone();
-        if let Err(e) = oom::watch(pid, move || {
+        let oom = oom::watch(pid, move || {
             log::warn!("container {id} hit its memory limit");
             let mut ev = TaskOOM::new();
             ev.container_id = id.clone();
             events.publish(topics::TASK_OOM_EVENT_TOPIC, ev);
-        }) {
-            log::warn!("no OOM events for {}: {e}", c.id);
-        }
+        })
+        .inspect_err(|e| log::warn!("no OOM events for {}: {e}", c.id))
+        .ok();
+        let exits = c.runtime.watch_exit(pid, not_before);
+        let this = self.clone();
+        let id = c.id.clone();
+        std::thread::spawn(move || {
+            let status = exits.recv();
+            // The watch is of this sandbox process: it ends with it.
+            if let Some(w) = oom {
+                w.stop();
+            }
+            if let Ok(status) = status {
+                this.sandbox_exited(&id, pid as u32, status);
+            }
+        });
     }
 
     /// A sandbox process ended: the init's exit, unless a restore already replaced that
