@@ -50,6 +50,8 @@ pub struct Client {
     channel: Channel,
     namespace: String,
     lease: Option<String>,
+    /// A lease of [`Client::under_own_lease`], for callers holding `&Client`.
+    scoped_lease: std::sync::Mutex<Option<String>>,
     /// The shim's runtime options, which name the snapshot store it shares with chalkctl
     /// (else the ones the shim reads by default).
     config: Option<std::path::PathBuf>,
@@ -88,6 +90,7 @@ impl Client {
             channel,
             namespace: namespace.to_string(),
             lease: None,
+            scoped_lease: Default::default(),
             config: None,
         })
     }
@@ -120,7 +123,8 @@ impl Client {
 
     fn req<T>(&self, msg: T) -> Request<T> {
         let mut req = with_namespace!(msg, self.namespace);
-        if let Some(lease) = &self.lease {
+        let scoped = self.scoped_lease.lock().unwrap().clone();
+        if let Some(lease) = self.lease.as_ref().or(scoped.as_ref()) {
             if let Ok(v) = lease.parse() {
                 req.metadata_mut().insert("containerd-lease", v);
             }
@@ -175,6 +179,25 @@ impl Client {
         let _ = self
             .rt
             .block_on(LeasesClient::new(self.channel.clone()).delete(req));
+    }
+
+    /// Runs `f` with what it writes held by a lease of its own (`id`), removed afterwards:
+    /// content written is never collected before a record refers to it.
+    pub fn under_own_lease<T>(&self, id: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut labels = HashMap::new();
+        labels.insert("containerd.io/gc.expire".to_string(), expire_in(3600));
+        let req = self.req(CreateLease {
+            id: id.to_string(),
+            labels,
+        });
+        self.rt
+            .block_on(LeasesClient::new(self.channel.clone()).create(req))
+            .map_err(|e| describe("create a lease", e))?;
+        *self.scoped_lease.lock().unwrap() = Some(id.to_string());
+        let out = f();
+        *self.scoped_lease.lock().unwrap() = None;
+        self.delete_lease(id);
+        out
     }
 
     pub fn release(&mut self) {

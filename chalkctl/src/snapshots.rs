@@ -444,12 +444,17 @@ fn settle(client: &Client, s: &mut Snapshot, base: &Descriptor) -> Result<()> {
         let snapshotter = container
             .as_ref()
             .map_or("overlayfs".to_string(), |c| c.snapshotter.clone());
-        let index = record_index(client, &stored, &snapshotter)?;
         s.status = Status::Completed;
         s.digest = r.manifest.clone();
-        s.index = index.digest.clone();
         s.owner = None;
-        client.update_image(record(s, index))?;
+        // The index's blobs are held until the record refers to them (a gc meanwhile would
+        // leave it naming content that is gone).
+        let settling = format!("chalkctl-settle-{}", std::process::id());
+        client.under_own_lease(&settling, || {
+            let index = record_index(client, &stored, &snapshotter)?;
+            s.index = index.digest.clone();
+            client.update_image(record(s, index))
+        })?;
         let suspended = stored.manifest.kind == chalk_runtime::snapshot::manifest::Kind::Suspend;
         if suspended && container.is_some() {
             client.set_container_label(&s.sandbox_id, SUSPENDED_FROM, Some(&s.digest))?;

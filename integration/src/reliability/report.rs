@@ -208,7 +208,7 @@ pub fn render(results: &[Value], meta: &[Value], when: &str) -> String {
             ));
         }
     }
-    soak_section(&mut out, &by_case, &cells);
+    soak_section(&mut out, results, &cells);
     let known: Vec<&str> = PROMISES.iter().map(|p| p.case).collect();
     let others: Vec<&(String, String)> = by_case
         .keys()
@@ -237,13 +237,16 @@ pub fn render(results: &[Value], meta: &[Value], when: &str) -> String {
     out
 }
 
-fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, cells: &[String]) {
+/// Every soak of the run, each cell's in order (a soak may be run again after a fix: a
+/// `label` says which is which).
+fn soak_section(out: &mut String, results: &[Value], cells: &[String]) {
     let soaks: Vec<(&String, &Value)> = cells
         .iter()
-        .filter_map(|c| {
-            by_case
-                .get(&("soak".to_string(), c.clone()))
-                .map(|r| (c, *r))
+        .flat_map(|c| {
+            results
+                .iter()
+                .filter(move |r| r["case"] == "soak" && r["cell"] == c.as_str())
+                .map(move |r| (c, r))
         })
         .collect();
     out.push_str("\n## Soak\n\n");
@@ -261,7 +264,10 @@ fn soak_section(out: &mut String, by_case: &BTreeMap<(String, String), &Value>, 
     );
     for (cell, r) in soaks {
         out.push_str(&format!(
-            "### {cell}: {} cycles, {}\n\n{:.1} s a cycle (slowest {:.1} s), {:.0} s in all.\n\n",
+            "### {cell}{}: {} cycles, {}\n\n{:.1} s a cycle (slowest {:.1} s), {:.0} s in all.\n\n",
+            r["label"]
+                .as_str()
+                .map_or(String::new(), |l| format!(", {l}")),
             r["cycles"],
             if r["passed"].as_bool() == Some(true) {
                 "passed".to_string()
