@@ -762,6 +762,15 @@ fn nothing_of_a_failed_pull(host: &Env, sandbox: &str) -> TestResult {
 }
 
 /// A fresh host (no image, no snapshot) for a case that fills or breaks its store.
+/// What chalkctl said went wrong (its `chalkctl:` lines, not its progress).
+fn error_of(stderr: &str) -> String {
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("chalkctl:"))
+        .collect();
+    said.join(" ")
+}
+
 fn fresh_host() -> Result<Env, Failed> {
     Ok(Env {
         c: Containerd::start().map_err(|e| format!("a fresh host: {e}"))?,
@@ -813,7 +822,7 @@ fn fault_disk_full_during_a_pull_fails_cleanly_and_pulls_after(h: &Hosts) -> Tes
         testkit::note(format!(
             "the pull failed in {:.1} s saying: {}; nothing left; with room it pulled and forked",
             failed_in.as_secs_f64(),
-            out.stderr.trim().replace('\n', " ")
+            error_of(&out.stderr)
         ));
         let done = host.conclude(Ok(()), &[fork], std::slice::from_ref(&snap));
         drop(small);
@@ -844,13 +853,7 @@ fn fault_registry_full_during_a_push_fails_cleanly_and_resumes(h: &Hosts) -> Tes
             out.code != 0 && !out.stderr.trim().is_empty(),
             "a push to a full registry: {out:?}"
         );
-        let said = out
-            .stderr
-            .trim()
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
+        let said = error_of(&out.stderr);
         let got =
             h.a.chalkctl_json(&["snapshot", "get", "--snapshot-id", &snap])?;
         ensure!(
@@ -962,7 +965,7 @@ fn fault_registry_gone_mid_push_and_mid_pull(h: &Hosts) -> TestResult {
         let push_note = format!(
             "push cut: failed saying {:?}; pushed again once back ({} blobs sent, {} already \
              there)",
-            said.trim().replace('\n', " "),
+            error_of(&said),
             pushed["transfer"]["blobs_moved"],
             pushed["transfer"]["blobs_present"]
         );
@@ -987,7 +990,7 @@ fn fault_registry_gone_mid_push_and_mid_pull(h: &Hosts) -> TestResult {
         testkit::note(push_note);
         testkit::note(format!(
             "pull cut: failed saying {:?}, nothing left; pulled and forked once back",
-            said.trim().replace('\n', " ")
+            error_of(&said)
         ));
         host.conclude(Ok(()), &[fork], std::slice::from_ref(&snap))
     })();

@@ -98,7 +98,7 @@ fn run(args: &[String]) -> Result<bool, String> {
             let line = json!({
                 "cell": cell,
                 "containerd": first_line(&program("CHALK_CONTAINERD", "containerd"), &["--version"]),
-                "runsc": first_line(&runsc, &["--version"]),
+                "runsc": format!("{} ({})", first_line(&runsc, &["--version"]), runsc.display()),
                 "machine": machine(),
             });
             append(&out()?, &[line])?;

@@ -958,7 +958,7 @@ pub fn fault_containerd_restarted_with_twenty_sandboxes(_e: &Env) -> TestResult 
     ensure!(left == 0, "{left} runsc processes left of the twenty");
     testkit::note(format!(
         "20 running in {:.1} s; after containerd's restart all 20 answered in {:.1} s; the \
-         lifetimes (20 s) ended after {:.1} s",
+         lifetimes (45 s) ended after {:.1} s",
         running_in.as_secs_f64(),
         answering.as_secs_f64(),
         ended.as_secs_f64()
