@@ -146,6 +146,11 @@ fn run(args: &[String]) -> Result<bool, String> {
             let when = std::fs::read_to_string(dir.join("date"))
                 .map(|d| d.trim().to_string())
                 .unwrap_or_else(|_| "an unrecorded date".into());
+            // How the results were gathered, when not by one scripts/reliability run.
+            let when = match std::fs::read_to_string(dir.join("how")) {
+                Ok(how) => format!("{when} ({})", how.trim()),
+                Err(_) => when,
+            };
             let machine = meta
                 .first()
                 .and_then(|m| m["machine"].as_str())
