@@ -137,6 +137,13 @@ impl Client {
     /// what it protected reachable from a record by the time the next begins.
     pub fn lease(&mut self, id: &str) -> Result<()> {
         self.release();
+        self.create_lease(id)?;
+        self.lease = Some(id.to_string());
+        Ok(())
+    }
+
+    /// Creates lease `id`, expiring by itself after an hour.
+    fn create_lease(&self, id: &str) -> Result<()> {
         let mut labels = HashMap::new();
         labels.insert("containerd.io/gc.expire".to_string(), expire_in(3600));
         let req = self.req(CreateLease {
@@ -146,7 +153,6 @@ impl Client {
         self.rt
             .block_on(LeasesClient::new(self.channel.clone()).create(req))
             .map_err(|e| describe("create a lease", e))?;
-        self.lease = Some(id.to_string());
         Ok(())
     }
 
@@ -184,15 +190,7 @@ impl Client {
     /// Runs `f` with what it writes held by a lease of its own (`id`), removed afterwards:
     /// content written is never collected before a record refers to it.
     pub fn under_own_lease<T>(&self, id: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let mut labels = HashMap::new();
-        labels.insert("containerd.io/gc.expire".to_string(), expire_in(3600));
-        let req = self.req(CreateLease {
-            id: id.to_string(),
-            labels,
-        });
-        self.rt
-            .block_on(LeasesClient::new(self.channel.clone()).create(req))
-            .map_err(|e| describe("create a lease", e))?;
+        self.create_lease(id)?;
         *self.scoped_lease.lock().unwrap() = Some(id.to_string());
         let out = f();
         *self.scoped_lease.lock().unwrap() = None;

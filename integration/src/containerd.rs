@@ -401,6 +401,16 @@ impl Containerd {
     }
 
     /// Runs ctr with no stdin and collects its output.
+    /// `chalkctl args` on this containerd (its namespace and options).
+    pub fn chalkctl(&self, args: &[&str]) -> CtrOutput {
+        self.chalkctl_command()
+            .expect("chalkctl is built")
+            .args(args)
+            .output()
+            .expect("run chalkctl")
+            .into()
+    }
+
     pub fn ctr<I, S>(&self, args: I) -> CtrOutput
     where
         I: IntoIterator<Item = S>,

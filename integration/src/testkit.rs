@@ -269,13 +269,7 @@ impl Env {
     }
 
     pub fn chalkctl(&self, args: &[&str]) -> CtrOutput {
-        self.c
-            .chalkctl_command()
-            .expect("chalkctl is built")
-            .args(args)
-            .output()
-            .expect("run chalkctl")
-            .into()
+        self.c.chalkctl(args)
     }
 
     /// Removes `ids` and deletes `snapshots` whatever `result` was; then, if it passed,

@@ -835,14 +835,7 @@ pub fn fault_containerd_restarted_with_twenty_sandboxes(_e: &Env) -> TestResult 
     let mut c = Containerd::start().map_err(|e| e.to_string())?;
     c.import_busybox().map_err(|e| e.to_string())?;
     let ids: Vec<String> = (0..N).map(|i| format!("twenty-{i:02}")).collect();
-    let chalkctl = |c: &Containerd, args: &[&str]| -> CtrOutput {
-        c.chalkctl_command()
-            .expect("chalkctl is built")
-            .args(args)
-            .output()
-            .expect("run chalkctl")
-            .into()
-    };
+    let chalkctl = Containerd::chalkctl;
     let count = |c: &Containerd, id: &str| -> Option<u64> {
         let out = c.ctr(["task", "exec", "--exec-id", "peek", id, "cat", "/tmp/count"]);
         out.stdout.trim().parse().ok()

@@ -287,14 +287,7 @@ pub fn lifetime_survives_a_containerd_restart(_e: &Env) -> TestResult {
     let mut c = Containerd::start().map_err(|e| e.to_string())?;
     c.import_busybox().map_err(|e| e.to_string())?;
     let id = "life-restart";
-    let chalkctl = |c: &Containerd, args: &[&str]| -> CtrOutput {
-        c.chalkctl_command()
-            .expect("chalkctl is built")
-            .args(args)
-            .output()
-            .expect("run chalkctl")
-            .into()
-    };
+    let chalkctl = Containerd::chalkctl;
     let out = chalkctl(
         &c,
         &["run", "--lifetime", "6s", IMAGE, id, "--", "sleep", "1000"],
