@@ -17,14 +17,15 @@ use containerd_client::{
             PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
         },
         tasks_client::TasksClient,
-        AddResourceRequest, ApplyRequest, CheckpointTaskRequest, Container, CreateContainerRequest,
-        CreateImageRequest, CreateRequest as CreateLease, CreateTaskRequest,
-        DeleteContainerRequest, DeleteImageRequest, DeleteRequest as DeleteLease,
-        DeleteTaskRequest, GetContainerRequest, GetImageRequest, GetRequest as GetTaskRequest,
-        Image, Info as ContentInfo, InfoRequest as ContentInfoRequest, KillRequest,
-        ListContainersRequest, ListImagesRequest, ReadContentRequest, ResizePtyRequest,
-        Resource as LeaseResource, StartRequest, UpdateContainerRequest, UpdateImageRequest,
-        UpdateRequest as UpdateContentRequest, WaitRequest, WriteAction, WriteContentRequest,
+        AddResourceRequest, ApplyRequest, CheckpointTaskRequest, CloseIoRequest, Container,
+        CreateContainerRequest, CreateImageRequest, CreateRequest as CreateLease,
+        CreateTaskRequest, DeleteContainerRequest, DeleteImageRequest, DeleteProcessRequest,
+        DeleteRequest as DeleteLease, DeleteTaskRequest, ExecProcessRequest, GetContainerRequest,
+        GetImageRequest, GetRequest as GetTaskRequest, Image, Info as ContentInfo,
+        InfoRequest as ContentInfoRequest, KillRequest, ListContainersRequest, ListImagesRequest,
+        ReadContentRequest, ResizePtyRequest, Resource as LeaseResource, StartRequest,
+        UpdateContainerRequest, UpdateImageRequest, UpdateRequest as UpdateContentRequest,
+        WaitRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
     types::{Descriptor, Mount},
@@ -684,9 +685,15 @@ impl Client {
 
     /// Sets the window size of the terminal of sandbox `id`'s init.
     pub fn resize_pty(&self, id: &str, cols: u32, rows: u32) -> Result<()> {
+        self.resize_process(id, "", cols, rows)
+    }
+
+    /// Sets the window size of the terminal of process `exec_id` of sandbox `id` (its init
+    /// when empty).
+    pub fn resize_process(&self, id: &str, exec_id: &str, cols: u32, rows: u32) -> Result<()> {
         let req = self.req(ResizePtyRequest {
             container_id: id.to_string(),
-            exec_id: String::new(),
+            exec_id: exec_id.to_string(),
             width: cols,
             height: rows,
         });
@@ -694,6 +701,96 @@ impl Client {
             .block_on(TasksClient::new(self.channel.clone()).resize_pty(req))
             .map(drop)
             .map_err(|e| describe(&format!("resize the terminal of {id}"), e))
+    }
+
+    /// Adds process `exec_id` to sandbox `id`, `process` its OCI process spec, on `io`.
+    pub fn exec(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: &serde_json::Value,
+        io: &Stdio,
+    ) -> Result<()> {
+        let req = self.req(ExecProcessRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+            stdin: io.stdin.clone(),
+            stdout: io.stdout.clone(),
+            stderr: io.stderr.clone(),
+            terminal: io.terminal,
+            spec: Some(prost_types::Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
+                value: serde_json::to_vec(process).map_err(|e| Error::from(e.to_string()))?,
+            }),
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).exec(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("exec in {id}"), e))
+    }
+
+    /// Starts process `exec_id` of sandbox `id`: its pid.
+    pub fn start_process(&self, id: &str, exec_id: &str) -> Result<u32> {
+        let req = self.req(StartRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).start(req))
+            .map(|r| r.into_inner().pid)
+            .map_err(|e| describe(&format!("start {exec_id} in {id}"), e))
+    }
+
+    /// Waits for process `exec_id` of sandbox `id` to exit: its exit status.
+    pub fn wait_process(&self, id: &str, exec_id: &str) -> Result<u32> {
+        let req = self.req(WaitRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).wait(req))
+            .map(|r| r.into_inner().exit_status)
+            .map_err(|e| describe(&format!("wait for {exec_id} in {id}"), e))
+    }
+
+    /// Sends `signal` to process `exec_id` of sandbox `id` (its init when empty; every
+    /// process of the sandbox with `all`).
+    pub fn kill(&self, id: &str, exec_id: &str, signal: i32, all: bool) -> Result<()> {
+        let req = self.req(KillRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+            signal: signal as u32,
+            all,
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).kill(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("signal {signal} to {id}"), e))
+    }
+
+    /// Closes the stdin of process `exec_id` of sandbox `id`.
+    pub fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
+        let req = self.req(CloseIoRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+            stdin: true,
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).close_io(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("close the stdin of {exec_id} in {id}"), e))
+    }
+
+    /// Removes exited process `exec_id` of sandbox `id`.
+    pub fn delete_process(&self, id: &str, exec_id: &str) -> Result<()> {
+        let req = self.req(DeleteProcessRequest {
+            container_id: id.to_string(),
+            exec_id: exec_id.to_string(),
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).delete_process(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("remove {exec_id} of {id}"), e))
     }
 
     /// Waits for the init of sandbox `id` to exit: its exit status (None when it has no task).

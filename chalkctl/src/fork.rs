@@ -5,6 +5,7 @@ use std::{collections::HashMap, time::Instant};
 use chalk_runtime::snapshot::{hash::sha256_hex, manifest::PodMember, Manifest};
 
 use crate::registry::{Snapshot, Status};
+use crate::stdio::keeper::{self, Keeping};
 use containerd_client::{
     services::v1::{container::Runtime, Container},
     types::Descriptor,
@@ -230,6 +231,11 @@ pub struct ForkOptions {
     pub on_timeout: Option<String>,
     /// Fork even where the host's available memory looks too small for every copy.
     pub force: bool,
+    /// The forks' name (numbered when there are several).
+    pub name: Option<String>,
+    /// Each fork's stdio kept by a keeper of its own (chalkctl's command line); else a fork
+    /// has none unless its caller gives it some (`fork_to`).
+    pub keep: Option<Keeping>,
 }
 
 /// Refuses fork ids that could not be made (`--count 0`, an id containerd or runsc would
@@ -261,6 +267,8 @@ pub fn fork(
         .collect();
     check_ids(id, &snap.sandbox_id, count)?;
     let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
+    let names = crate::names::numbered(opts.name.as_deref(), count);
+    crate::names::check_free(client, &names)?;
     let workers = pool_size(count);
     progress.step(&format!(
         "snapshot {} of {} verified; forking {count} ({workers} at a time)",
@@ -280,7 +288,7 @@ pub fn fork(
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let Some(new) = ids.get(i) else { break };
-                let forked = fork_one(client, p, new, digest, progress);
+                let forked = fork_one(client, p, new, names[i].as_deref(), digest, progress);
                 done.lock().unwrap()[i] = Some(forked);
             });
         }
@@ -345,7 +353,7 @@ pub fn fork_to(
     let (snap, p) = forkable(client, query, opts, 1)?;
     check_ids(Some(new), &snap.sandbox_id, 1)?;
     client.lease(&format!("chalkctl-fork-{new}"))?;
-    let pid = one(client, &p, new, &snap.digest, Some((io, size)));
+    let pid = one(client, &p, new, None, &snap.digest, Some((io, size)));
     if pid.is_err() {
         undo(client, &p.snapshotter, new);
     }
@@ -354,10 +362,20 @@ pub fn fork_to(
 }
 
 /// Makes fork `new` and reports it; one that fails is removed, whatever it got to.
-fn fork_one(client: &Client, p: &Parts, new: &str, digest: &str, progress: &Progress) -> Forked {
+fn fork_one(
+    client: &Client,
+    p: &Parts,
+    new: &str,
+    name: Option<&str>,
+    digest: &str,
+    progress: &Progress,
+) -> Forked {
     let started = Instant::now();
     progress.step(&format!("restoring {new} ..."));
-    let pid = one(client, p, new, digest, None);
+    let terminal = spec_json(p).is_ok_and(|s| s["process"]["terminal"] == true);
+    let pid = keeper::with_keeper(client, p.lifetime.keep.as_ref(), new, terminal, |io| {
+        one(client, p, new, name, digest, io)
+    });
     match &pid {
         Ok(pid) => progress.step(&format!("{new} running (pid {pid})")),
         Err(e) => {
@@ -418,6 +436,7 @@ fn one(
     client: &Client,
     p: &Parts,
     id: &str,
+    name: Option<&str>,
     snapshot: &str,
     io: Option<(&Stdio, Option<(u32, u32)>)>,
 ) -> Result<u32> {
@@ -431,7 +450,17 @@ fn one(
     set_lifetime(&mut spec, &p.lifetime);
     // Pinned by digest: the restore checks this digest, whatever the tag says now.
     let image = format!("{}@{}", p.image, p.base.digest);
-    let container = fork_container(p, id, image, &p.base.digest, &spec, snapshot)?;
+    let mut container = fork_container(p, id, image, &p.base.digest, &spec, snapshot)?;
+    if let Some(name) = name {
+        container
+            .labels
+            .insert(crate::names::NAME_LABEL.into(), name.into());
+    }
+    if p.lifetime.keep.is_some() {
+        container
+            .labels
+            .insert(keeper::STDIO_LABEL.into(), "chalkctl".into());
+    }
     client.create_container(container.clone())?;
     let pid = match io {
         Some((io, size)) => client.start_task_with(&container, Some(&p.checkpoint), io, size)?,
@@ -556,9 +585,29 @@ fn fork_container(
     })
 }
 
-/// Brings suspended sandbox `id` back under the same id from the snapshot it records.
-pub fn resume(client: &mut Client, id: &str, progress: &Progress) -> Result<(String, u32)> {
-    resume_with(client, id, None, progress)
+/// Brings suspended sandbox `id` back under the same id from the snapshot it records, its
+/// stdio kept by a keeper when `keep` is given.
+pub fn resume(
+    client: &mut Client,
+    id: &str,
+    keep: Option<&Keeping>,
+    progress: &Progress,
+) -> Result<(String, u32)> {
+    let terminal = crate::sandboxes::spec_of(&client.container(id)?)["process"]["terminal"]
+        .as_bool()
+        .unwrap_or(false);
+    // Not `with_keeper`: the resume needs the client mutably, and a suspended sandbox's
+    // log is its own (kept, appended to).
+    match keep {
+        None => resume_with(client, id, None, progress),
+        Some(keep) => {
+            let keeper = keep.start(id, terminal)?;
+            let io = keeper.stdio();
+            let resumed = resume_with(client, id, Some((&io, None)), progress)?;
+            keeper.go();
+            Ok(resumed)
+        }
+    }
 }
 
 /// As [`resume`], the restored task's stdio on `io` (its terminal sized before it runs).
@@ -638,7 +687,12 @@ pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
 /// no record of it (its suspend snapshot pulled from a registry): its container is made again
 /// from the snapshot (spec, image by digest, snapshotter) and restored. Undone whole when the
 /// restore fails.
-pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) -> Result<u32> {
+pub fn resume_here(
+    client: &mut Client,
+    snap: &Snapshot,
+    keep: Option<&Keeping>,
+    progress: &Progress,
+) -> Result<u32> {
     let mut p = parts(client, &snap.index)?;
     let spec = spec_json(&p)?;
     check_foreign_spec(&spec)?;
@@ -664,14 +718,27 @@ pub fn resume_here(client: &mut Client, snap: &Snapshot, progress: &Progress) ->
     container
         .labels
         .insert(RESUMED_FROM.to_string(), snap.digest.clone());
+    if keep.is_some() {
+        container
+            .labels
+            .insert(keeper::STDIO_LABEL.into(), "chalkctl".into());
+    }
     client.prepare_snapshot(&p.snapshotter, &id, &p.chain_id)?;
     if let Err(e) = client.create_container(container.clone()) {
         client.remove_snapshot(&p.snapshotter, &id);
         return Err(e);
     }
+    let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
     let started = progress.during(
         &format!("restoring {id} from {}", short(&snap.digest)),
-        || client.start_task(&container, Some(&p.checkpoint)),
+        || {
+            keeper::with_keeper(client, keep, &id, terminal, |io| match io {
+                Some((io, size)) => {
+                    client.start_task_with(&container, Some(&p.checkpoint), io, size)
+                }
+                None => client.start_task(&container, Some(&p.checkpoint)),
+            })
+        },
     );
     if started.is_err() {
         undo(client, &p.snapshotter, &id);

@@ -3,15 +3,27 @@
 
 use std::process::ExitCode;
 
+use std::{collections::HashMap, path::PathBuf, time::Duration};
+
 use chalkctl::{
+    attach::{self, Ended},
     client::Client,
-    fork,
+    exec::{self, ExecOptions},
+    fork, logs, names,
     progress::Progress,
     registry::{self, Filter, Status},
     remote::{self, hosts, moves, pull, push},
-    run, sandboxes, snapshots, tree, Error, Result,
+    remove,
+    run::{self, RunOptions},
+    sandboxes::{self, Until},
+    snapshots,
+    stdio::{
+        keeper::{self, Keeping},
+        state, tty,
+    },
+    tree, Error, Result,
 };
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -44,6 +56,10 @@ struct Cli {
     /// The shim's runtime options, for the snapshot store they name ([snapshot] store).
     #[arg(long, global = true, env = "CHALK_SHIM_CONFIG")]
     config: Option<std::path::PathBuf>,
+    /// Where chalkctl keeps the stdio of the sandboxes it starts (fifos, logs, attach
+    /// sockets; root only). One per containerd.
+    #[arg(long, global = true, env = "CHALKCTL_STATE_DIR", default_value = state::DEFAULT_ROOT)]
+    state_dir: PathBuf,
     #[command(subcommand)]
     command: Command,
 }
@@ -56,19 +72,106 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a sandbox of this runtime (no stdio): to try things with.
+    /// Start a sandbox of this runtime; its output is kept (`logs`), and with --tty its
+    /// terminal can be attached to (`attach`).
     Run {
         image: String,
         id: String,
         /// The snapshotter the image is unpacked for.
         #[arg(long, default_value = "overlayfs")]
         snapshotter: String,
+        /// Give the init a terminal (attach to it with `chalkctl attach`).
+        #[arg(long, short = 't')]
+        tty: bool,
+        /// KEY=VALUE added to the image's environment (repeatable).
+        #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// The init's working directory.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// Memory limit: bytes, or with k, m, g (512m).
+        #[arg(long, value_parser = parse_memory)]
+        memory: Option<u64>,
+        /// CPU limit: how many CPUs' time (1.5).
+        #[arg(long, value_parser = parse_cpus)]
+        cpus: Option<f64>,
+        #[command(flatten)]
+        name: NameArg,
         #[command(flatten)]
         lifetime: LifetimeArgs,
         /// The command, replacing the image's (after --).
         #[arg(last = true)]
         cmd: Vec<String>,
     },
+    /// Run a command in a running sandbox; its exit status is chalkctl's.
+    Exec {
+        /// The sandbox (id or name).
+        #[arg(long)]
+        id: String,
+        /// A terminal for the command (raw mode here; the window size follows).
+        #[arg(long, short = 't')]
+        tty: bool,
+        /// Pass this side's stdin to the command.
+        #[arg(long, short = 'i')]
+        interactive: bool,
+        /// KEY=VALUE added to the sandbox's environment (repeatable).
+        #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// The command's working directory.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// The command (after --).
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// This terminal on a sandbox's init (run with --tty): detach with Ctrl-P Ctrl-Q.
+    Attach {
+        #[arg(long)]
+        id: String,
+    },
+    /// What a sandbox's init printed (kept for sandboxes chalkctl started, forked or resumed).
+    Logs {
+        #[arg(long)]
+        id: String,
+        /// Go on printing what it prints, until it exits or is suspended.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
+    /// Remove sandboxes: task, container, root filesystem and chalkctl's state (never their
+    /// snapshots). A running one only with --force.
+    Rm {
+        /// The sandboxes (repeatable; ids or names).
+        #[arg(long, required = true, num_args = 1..)]
+        id: Vec<String>,
+        /// Stop a running sandbox first: SIGTERM, then SIGKILL after --grace.
+        #[arg(long)]
+        force: bool,
+        /// How long a sandbox has to exit on SIGTERM (e.g. 10s).
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        grace: Duration,
+    },
+    /// Wait until a sandbox runs, or until its init exits (prints the exit status).
+    Wait {
+        #[arg(long)]
+        id: String,
+        #[arg(long = "for", value_enum, default_value = "exited")]
+        until: UntilArg,
+        /// Give up after this long (e.g. 30s); no limit by default.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// The stdio keeper of one sandbox (what run, fork and resume start).
+    #[command(hide = true)]
+    Keep {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        terminal: bool,
+    },
+    /// Shell completions, to stdout (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// The man page (roff), to stdout.
+    Man,
     /// The snapshot registry.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
@@ -93,6 +196,8 @@ enum Command {
         fork_id: Option<String>,
         #[arg(long, default_value_t = 1)]
         count: usize,
+        #[command(flatten)]
+        name: NameArg,
         /// With --id: keep the snapshot taken for the fork.
         #[arg(long)]
         keep_snapshot: bool,
@@ -179,6 +284,32 @@ impl RegistryArgs {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum UntilArg {
+    Running,
+    Exited,
+}
+
+/// A name for what is made, accepted wherever its id is.
+#[derive(clap::Args, Clone)]
+struct NameArg {
+    /// A name, accepted wherever the id is (several at once: NAME-1 .. NAME-N).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    run::parse_memory(s).map_err(|e| e.to_string())
+}
+
+fn parse_cpus(s: &str) -> Result<f64, String> {
+    run::parse_cpus(s).map_err(|e| e.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    chalk_runtime::lifetime::parse_duration(s).map_err(|e| e.to_string())
+}
+
 /// A sandbox's lifetime (`run`; `fork` overrides the one its forks inherit).
 #[derive(clap::Args, Clone)]
 struct LifetimeArgs {
@@ -206,9 +337,19 @@ enum SnapshotCommand {
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
         /// Return at once with the pending snapshot's name; a background chalkctl takes the
-        /// checkpoint (follow it with `snapshot get`).
+        /// checkpoint (`snapshot wait` waits for it).
         #[arg(long)]
         no_wait: bool,
+        #[command(flatten)]
+        name: NameArg,
+    },
+    /// Wait until a snapshot is completed (prints its id) or failed (its error).
+    Wait {
+        #[arg(long)]
+        snapshot_id: String,
+        /// Give up after this long (e.g. 60s); no limit by default.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
     },
     /// Takes the checkpoint of a pending snapshot (what --no-wait starts in the background).
     #[command(hide = true)]
@@ -269,13 +410,24 @@ fn parse_status(s: &str) -> Result<Status, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
-        Ok(out) => {
-            if cli.output == Output::Json {
-                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    if matches!(cli.command, Command::Exec { .. } | Command::Attach { .. }) {
+        // Before containerd's client starts its threads: the session takes these itself.
+        tty::block_session_signals();
+    }
+    match session(&cli) {
+        Ok(Some(code)) => ExitCode::from(code),
+        Ok(None) => match run(&cli) {
+            Ok(out) => {
+                if cli.output == Output::Json {
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                }
+                ExitCode::SUCCESS
             }
-            ExitCode::SUCCESS
-        }
+            Err(e) => {
+                eprintln!("chalkctl: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Err(e) => {
             eprintln!("chalkctl: {e}");
             ExitCode::FAILURE
@@ -283,12 +435,105 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the command; prints tables itself and returns the JSON form.
-fn run(cli: &Cli) -> Result<Value> {
+fn connect(cli: &Cli) -> Result<Client> {
     let mut client = Client::connect(&cli.address, &cli.namespace)?;
     if let Some(path) = cli.config.as_ref().filter(|p| !p.as_os_str().is_empty()) {
         client.set_config(path.clone());
     }
+    Ok(client)
+}
+
+/// How chalkctl starts stdio keepers.
+fn keeping(cli: &Cli) -> Result<Keeping> {
+    let exe =
+        std::env::current_exe().map_err(|e| Error::from(format!("find chalkctl itself: {e}")))?;
+    Ok(Keeping {
+        exe,
+        address: cli.address.clone(),
+        namespace: cli.namespace.clone(),
+        root: cli.state_dir.clone(),
+    })
+}
+
+/// The commands whose outcome is an exit status or a stream rather than a record: their exit
+/// code (None for the other commands, run by [`run`]).
+fn session(cli: &Cli) -> Result<Option<u8>> {
+    let code = |status: u32| u8::try_from(status).unwrap_or(255);
+    match &cli.command {
+        Command::Keep { id, terminal } => {
+            keeper::serve(&cli.address, &cli.namespace, &cli.state_dir, id, *terminal)?;
+            Ok(Some(0))
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "chalkctl",
+                &mut std::io::stdout(),
+            );
+            Ok(Some(0))
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .map_err(|e| Error::from(format!("write the man page: {e}")))?;
+            Ok(Some(0))
+        }
+        Command::Exec {
+            id,
+            tty,
+            interactive,
+            env,
+            cwd,
+            cmd,
+        } => {
+            let client = connect(cli)?;
+            let id = names::resolve(&client, id)?;
+            let opts = ExecOptions {
+                tty: *tty,
+                stdin: *interactive,
+                env: env.clone(),
+                cwd: cwd.clone(),
+            };
+            let dir = keeping(cli)?.dir(&id)?;
+            let status = exec::exec(&client, &dir, &id, cmd, &opts)?;
+            Ok(Some(code(status)))
+        }
+        Command::Attach { id } => {
+            let client = connect(cli)?;
+            let id = names::resolve(&client, id)?;
+            let dir = keeping(cli)?.dir(&id)?;
+            if tty::stdin_is_tty() {
+                eprintln!("attached to {id}: detach with Ctrl-P Ctrl-Q");
+            }
+            match attach::attach(&client, &dir, &id)? {
+                Ended::Detached => {
+                    eprintln!(
+                        "\r\ndetached from {id}: it runs on (chalkctl attach --id {id} comes back)"
+                    );
+                    Ok(Some(0))
+                }
+                Ended::Suspended => {
+                    eprintln!("\r\n{id} was suspended (chalkctl resume --id {id} brings it back)");
+                    Ok(Some(0))
+                }
+                Ended::Exited(status) => Ok(Some(status.map_or(0, code))),
+            }
+        }
+        Command::Logs { id, follow } => {
+            let client = connect(cli)?;
+            let id = names::resolve(&client, id)?;
+            let dir = keeping(cli)?.dir(&id)?;
+            logs::logs(&dir, &id, *follow, &mut std::io::stdout().lock())?;
+            Ok(Some(0))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Runs the command; prints tables itself and returns the JSON form.
+fn run(cli: &Cli) -> Result<Value> {
+    let mut client = connect(cli)?;
     let table = cli.output == Output::Table;
     let progress = Progress::new(table);
     match &cli.command {
@@ -296,8 +541,16 @@ fn run(cli: &Cli) -> Result<Value> {
             id,
             labels,
             no_wait: true,
+            name,
         }) => {
-            let begun = snapshots::begin(&mut client, id, labels.clone(), Status::Pending)?;
+            let id = &names::resolve(&client, id)?;
+            let begun = snapshots::begin_named(
+                &mut client,
+                id,
+                labels.clone(),
+                name.name.as_deref(),
+                Status::Pending,
+            )?;
             spawn_finish(cli, &begun.snap.name)?;
             if table {
                 println!("{} pending", begun.snap.name);
@@ -309,8 +562,18 @@ fn run(cli: &Cli) -> Result<Value> {
             let snap = snapshots::finish(&mut client, begun, false, &Progress::quiet())?;
             Ok(snapshots::to_json(&snap))
         }
-        Command::Snapshot(SnapshotCommand::Create { id, labels, .. }) => {
-            let snap = snapshots::create(&mut client, id, labels.clone(), false, &progress)?;
+        Command::Snapshot(SnapshotCommand::Create {
+            id, labels, name, ..
+        }) => {
+            let id = &names::resolve(&client, id)?;
+            let snap = snapshots::create_named(
+                &mut client,
+                id,
+                labels.clone(),
+                name.name.as_deref(),
+                false,
+                &progress,
+            )?;
             progress.step(&format!(
                 "snapshot of {id} completed in {}",
                 progress.elapsed()
@@ -321,6 +584,16 @@ fn run(cli: &Cli) -> Result<Value> {
             let mut out = snapshots::to_json(&snap);
             out["elapsed_ms"] = progress.elapsed_ms().into();
             Ok(out)
+        }
+        Command::Snapshot(SnapshotCommand::Wait {
+            snapshot_id,
+            timeout,
+        }) => {
+            let snap = snapshots::wait(&client, snapshot_id, *timeout)?;
+            if table {
+                println!("{}", snap.digest);
+            }
+            Ok(snapshots::to_json(&snap))
         }
         Command::Snapshot(SnapshotCommand::Get { snapshot_id }) => {
             let snap = snapshots::find(&client, snapshot_id)?;
@@ -376,11 +649,21 @@ fn run(cli: &Cli) -> Result<Value> {
             keep_snapshot,
             force,
             lifetime,
+            name,
         } => {
             let opts = fork::ForkOptions {
                 lifetime: lifetime.lifetime.clone(),
                 on_timeout: lifetime.on_timeout.clone(),
                 force: *force,
+                name: name.name.clone(),
+                keep: Some(keeping(cli)?),
+            };
+            if let Some(keep) = &opts.keep {
+                keeper::sweep(&client, keep);
+            }
+            let id = &match id {
+                Some(q) => Some(names::resolve(&client, q)?),
+                None => None,
             };
             let pulled = match snapshot {
                 Some(reference) => Some(
@@ -484,6 +767,10 @@ fn run(cli: &Cli) -> Result<Value> {
             Ok(out)
         }
         Command::Tree { id } => {
+            let id = match id {
+                Some(q) => Some(names::resolve(&client, q)?),
+                None => None,
+            };
             let forest = tree::forest(&client, id.as_deref())?;
             if table {
                 for line in tree::draw(&forest) {
@@ -500,18 +787,52 @@ fn run(cli: &Cli) -> Result<Value> {
             image,
             id,
             snapshotter,
+            tty,
+            env,
+            cwd,
+            memory,
+            cpus,
+            name,
             lifetime,
             cmd,
         } => {
+            chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
+            match client.container(id) {
+                Ok(_) => {
+                    return Err(format!(
+                        "sandbox {id} exists already: choose another id, or remove it with \
+                         chalkctl rm --id {id}"
+                    )
+                    .into())
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+            names::check_free(&client, std::slice::from_ref(&name.name))?;
+            let mut labels =
+                HashMap::from([(keeper::STDIO_LABEL.to_string(), "chalkctl".to_string())]);
+            if let Some(n) = &name.name {
+                labels.insert(names::NAME_LABEL.to_string(), n.clone());
+            }
+            let opts = RunOptions {
+                tty: *tty,
+                env: env.clone(),
+                cwd: cwd.clone(),
+                memory: *memory,
+                cpus: *cpus,
+                lifetime: lifetime.lifetime.clone(),
+                on_timeout: lifetime.on_timeout.clone(),
+                labels,
+            };
+            let keep = keeping(cli)?;
+            keeper::sweep(&client, &keep);
+            let size = if *tty { tty::my_window_size() } else { None };
             let pid = progress.during(&format!("starting {id}"), || {
-                run::run(
-                    &mut client,
-                    image,
-                    id,
-                    snapshotter,
-                    (lifetime.lifetime.as_deref(), lifetime.on_timeout.as_deref()),
-                    cmd,
-                )
+                let kept_by = Client::connect(&cli.address, &cli.namespace)?;
+                keeper::with_keeper(&kept_by, Some(&keep), id, *tty, |io| {
+                    let io = io.map(|(stdio, _)| (stdio, size));
+                    run::run(&mut client, image, id, snapshotter, cmd, &opts, io)
+                })
             })?;
             if table {
                 println!("{id} running (pid {pid}) in {}", progress.elapsed());
@@ -520,16 +841,18 @@ fn run(cli: &Cli) -> Result<Value> {
                       "elapsed_ms": progress.elapsed_ms()}))
         }
         Command::List { all } => {
+            keeper::sweep(&client, &keeping(cli)?);
             let sandboxes = sandboxes::list(&client, *all)?;
             if table {
                 println!(
-                    "{:<32} {:<10} {:<8} {:<10} {:<24} IMAGE",
-                    "SANDBOX", "STATUS", "PID", "SNAPSHOTS", "PARENT"
+                    "{:<32} {:<16} {:<10} {:<8} {:<10} {:<24} IMAGE",
+                    "SANDBOX", "NAME", "STATUS", "PID", "SNAPSHOTS", "PARENT"
                 );
                 for s in &sandboxes {
                     println!(
-                        "{:<32} {:<10} {:<8} {:<10} {:<24} {}",
+                        "{:<32} {:<16} {:<10} {:<8} {:<10} {:<24} {}",
                         s["id"].as_str().unwrap_or_default(),
+                        plain(&s["name"]),
                         s["status"].as_str().unwrap_or_default(),
                         plain(&s["pid"]),
                         s["snapshots"].as_array().map_or(0, Vec::len),
@@ -541,7 +864,7 @@ fn run(cli: &Cli) -> Result<Value> {
             Ok(json!({"sandboxes": sandboxes}))
         }
         Command::Get { id } => {
-            let s = sandboxes::get(&client, id)?;
+            let s = sandboxes::get(&client, &names::resolve(&client, id)?)?;
             if table {
                 print_record(&s);
             }
@@ -553,6 +876,7 @@ fn run(cli: &Cli) -> Result<Value> {
             release,
             registry,
         } => {
+            let id = &names::resolve(&client, id)?;
             let done =
                 moves::suspend_to(&mut client, &registry.access(), id, to, *release, &progress)?;
             progress.step(&format!(
@@ -571,6 +895,7 @@ fn run(cli: &Cli) -> Result<Value> {
                       "released": done.released.map(|g| json!({"freed_bytes": g.bytes_freed}))}))
         }
         Command::Suspend { id, .. } => {
+            let id = &names::resolve(&client, id)?;
             let snap = snapshots::create(&mut client, id, Vec::new(), true, &progress)?;
             progress.step(&format!("{id} suspended in {}", progress.elapsed()));
             if table {
@@ -581,11 +906,14 @@ fn run(cli: &Cli) -> Result<Value> {
             Ok(json!({"id": id, "status": "suspended", "snapshot": out}))
         }
         Command::Resume { id, from, registry } => {
+            let id = &names::resolve(&client, id)?;
+            let keep = keeping(cli)?;
             let (snapshot, pid, pulled) = moves::resume_from(
                 &mut client,
                 &registry.access(),
                 id,
                 from.as_deref(),
+                Some(&keep),
                 &progress,
             )?;
             if table {
@@ -641,6 +969,63 @@ fn run(cli: &Cli) -> Result<Value> {
             }
             Ok(json!({"deleted": snapshots::to_json(&snap), "freed_bytes": gc.bytes_freed}))
         }
+        Command::Rm { id, force, grace } => {
+            let keep = keeping(cli)?;
+            let mut removed = Vec::new();
+            let mut failed = Vec::new();
+            for q in id {
+                let one = names::resolve(&client, q)
+                    .and_then(|id| remove::remove(&client, &keep, &id, *force, *grace));
+                match one {
+                    Ok(r) => {
+                        if table {
+                            match &r.snapshot_kept {
+                                Some(s) => println!(
+                                    "removed {} (was suspended); its snapshot {s} remains \
+                                     (chalkctl snapshot delete --snapshot-id {s} removes it)",
+                                    r.id
+                                ),
+                                None => println!("removed {} (was {})", r.id, r.was),
+                            }
+                        }
+                        removed.push(r.to_json());
+                    }
+                    Err(e) => {
+                        eprintln!("chalkctl: {e}");
+                        failed.push(json!({"id": q, "error": e.to_string()}));
+                    }
+                }
+            }
+            let out = json!({"removed": removed, "failed": failed});
+            if !failed.is_empty() {
+                if cli.output == Output::Json {
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                }
+                return Err(format!("{} of {} not removed", failed.len(), id.len()).into());
+            }
+            Ok(out)
+        }
+        Command::Wait { id, until, timeout } => {
+            let id = &names::resolve(&client, id)?;
+            let until = match until {
+                UntilArg::Running => Until::Running,
+                UntilArg::Exited => Until::Exited,
+            };
+            let status = sandboxes::wait(&client, id, until, *timeout)?;
+            if table {
+                match status {
+                    Some(s) => println!("{s}"),
+                    None => println!("{id} running"),
+                }
+            }
+            Ok(json!({"id": id, "exit_status": status}))
+        }
+        Command::Keep { .. }
+        | Command::Completions { .. }
+        | Command::Man
+        | Command::Exec { .. }
+        | Command::Attach { .. }
+        | Command::Logs { .. } => Err("handled by session()".into()),
         Command::Snapshot(SnapshotCommand::Gc) => {
             let store = client.store()?;
             let gc = snapshots::collect(&client, &store)?;

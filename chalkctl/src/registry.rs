@@ -89,6 +89,8 @@ pub struct Snapshot {
     pub base_image: Option<String>,
     /// Who is taking it, while it is in progress.
     pub owner: Option<Owner>,
+    /// The name it was given (`snapshot create --name`), accepted wherever its id is.
+    pub given_name: Option<String>,
     pub labels: BTreeMap<String, String>,
 }
 
@@ -149,6 +151,7 @@ impl Snapshot {
             error: labels.get(LABEL_ERROR).cloned(),
             base_image: labels.get(LABEL_BASE).cloned(),
             owner: labels.get(LABEL_OWNER).and_then(|o| Owner::parse(o)),
+            given_name: labels.get(crate::names::NAME_LABEL).cloned(),
             labels: labels
                 .iter()
                 .filter_map(|(k, v)| Some((k.strip_prefix(USER_PREFIX)?.to_string(), v.clone())))
@@ -181,13 +184,17 @@ impl Snapshot {
         if !self.digest.is_empty() && self.digest != self.index {
             out.insert(LABEL_ID.into(), self.digest.clone());
         }
+        if let Some(n) = &self.given_name {
+            out.insert(crate::names::NAME_LABEL.into(), n.clone());
+        }
         out
     }
 
     /// Whether `query` names this snapshot: its digest (with or without `sha256:`, or a
-    /// unique prefix of at least 12 hex digits, checked by the caller) or its record's name.
+    /// unique prefix of at least 12 hex digits, checked by the caller), its record's name or
+    /// the name it was given.
     pub fn matches(&self, query: &str) -> bool {
-        if query == self.name {
+        if query == self.name || self.given_name.as_deref() == Some(query) {
             return true;
         }
         let hex = self.digest.trim_start_matches("sha256:");
@@ -320,6 +327,7 @@ mod tests {
             error: None,
             base_image: Some("docker.io/library/busybox@sha256:abc".into()),
             owner: None,
+            given_name: None,
             labels: BTreeMap::new(),
         }
     }

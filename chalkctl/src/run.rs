@@ -116,24 +116,140 @@ pub fn spec(
     Ok(spec)
 }
 
-/// Runs `cmd` (or the image's command) from `image` as sandbox `id`; returns its pid.
+/// What `chalkctl run` may set of a sandbox beyond the image's defaults.
+#[derive(Debug, Default, Clone)]
+pub struct RunOptions {
+    /// The init gets a terminal.
+    pub tty: bool,
+    /// KEY=VALUE, added to (or replacing in) the image's environment.
+    pub env: Vec<String>,
+    pub cwd: Option<String>,
+    /// The sandbox's memory limit in bytes.
+    pub memory: Option<u64>,
+    /// How many CPUs' time the sandbox may use.
+    pub cpus: Option<f64>,
+    pub lifetime: Option<String>,
+    pub on_timeout: Option<String>,
+    /// Labels of the container record.
+    pub labels: HashMap<String, String>,
+}
+
+/// The KEY=VALUE strings of a spec's `env`.
+pub fn env_list(v: &Value) -> Vec<String> {
+    strings(v)
+}
+
+/// Sets each KEY=VALUE of `add` in `env`, replacing an earlier value of the same key.
+pub fn merge_env(env: &mut Vec<String>, add: &[String]) -> Result<()> {
+    for kv in add {
+        let Some((key, _)) = kv.split_once('=').filter(|(k, _)| !k.is_empty()) else {
+            return Err(format!("--env {kv:?}: give KEY=VALUE").into());
+        };
+        let prefix = format!("{key}=");
+        env.retain(|e| !e.starts_with(&prefix));
+        env.push(kv.clone());
+    }
+    Ok(())
+}
+
+/// A memory size: bytes, or with a suffix k, m, g (powers of 1024, as docker reads them;
+/// `Ki`, `Mi`, `Gi` too).
+pub fn parse_memory(s: &str) -> Result<u64> {
+    let lower = s.trim().to_ascii_lowercase();
+    let lower = lower.strip_suffix('b').unwrap_or(&lower);
+    let lower = lower.strip_suffix('i').unwrap_or(lower);
+    let (digits, unit) = match lower.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => lower.split_at(i),
+        None => (lower, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        _ => return Err(format!("memory {s:?}: give bytes or a number with k, m or g").into()),
+    };
+    let n: u64 = digits.parse().map_err(|_| {
+        Error::from(format!(
+            "memory {s:?}: give bytes or a number with k, m or g"
+        ))
+    })?;
+    let bytes = n
+        .checked_mul(1 << shift)
+        .ok_or_else(|| Error::from(format!("memory {s:?} is too large")))?;
+    // runsc and the kernel refuse less than a few megabytes; say so here.
+    if bytes < 6 << 20 {
+        return Err(format!("memory {s:?}: a sandbox needs at least 6m").into());
+    }
+    Ok(bytes)
+}
+
+/// A CPU count (fractions allowed: 0.5 is half of one CPU's time).
+pub fn parse_cpus(s: &str) -> Result<f64> {
+    match s.trim().parse::<f64>() {
+        Ok(n) if (0.01..=1024.0).contains(&n) => Ok(n),
+        _ => Err(format!("cpus {s:?}: give a number from 0.01 to 1024 (e.g. 1.5)").into()),
+    }
+}
+
+/// Sets what `opts` asks for on `spec`: a terminal, environment, working directory, and the
+/// memory and CPU limits (the cgroup runsc puts the sandbox in).
+pub fn apply(spec: &mut Value, opts: &RunOptions) -> Result<()> {
+    let p = &mut spec["process"];
+    let mut env = env_list(&p["env"]);
+    if opts.tty {
+        p["terminal"] = true.into();
+        if !env.iter().any(|e| e.starts_with("TERM=")) {
+            env.push("TERM=xterm".into());
+        }
+    }
+    merge_env(&mut env, &opts.env)?;
+    p["env"] = env.into();
+    if let Some(cwd) = &opts.cwd {
+        if !cwd.starts_with('/') {
+            return Err(format!("--cwd {cwd}: give an absolute path").into());
+        }
+        p["cwd"] = cwd.clone().into();
+    }
+    if let Some(m) = opts.memory {
+        spec["linux"]["resources"]["memory"]["limit"] = m.into();
+    }
+    if let Some(c) = opts.cpus {
+        const PERIOD: u64 = 100_000;
+        spec["linux"]["resources"]["cpu"] =
+            json!({"quota": (c * PERIOD as f64).round() as i64, "period": PERIOD});
+    }
+    Ok(())
+}
+
+/// Runs `cmd` (or the image's command) from `image` as sandbox `id` with `opts`, its stdio on
+/// `io` when given; returns its pid.
 pub fn run(
     client: &mut Client,
     image: &str,
     id: &str,
     snapshotter: &str,
-    lifetime: (Option<&str>, Option<&str>),
     cmd: &[String],
+    opts: &RunOptions,
+    io: Option<(&Stdio, Option<(u32, u32)>)>,
 ) -> Result<u32> {
-    let make_spec = |config: &Value| spec(id, config, lifetime, cmd);
+    let lifetime = (opts.lifetime.as_deref(), opts.on_timeout.as_deref());
+    // The cgroup `ctr run` gives a task: where runsc applies the limits.
+    let cgroup = format!("/{}/{id}", client.namespace());
+    let make_spec = |config: &Value| {
+        let mut s = spec(id, config, lifetime, cmd)?;
+        apply(&mut s, opts)?;
+        s["linux"]["cgroupsPath"] = cgroup.into();
+        Ok(s)
+    };
     create(
         client,
         image,
         id,
         snapshotter,
-        HashMap::new(),
+        opts.labels.clone(),
         make_spec,
-        None,
+        io,
     )
 }
 
@@ -209,5 +325,50 @@ mod tests {
         assert_eq!(s["annotations"][LIFETIME_ANNOTATION], "10m");
         assert_eq!(s["annotations"][ON_TIMEOUT_ANNOTATION], "suspend");
         assert!(spec("c1", &json!({}), (None, None), &[]).is_err());
+    }
+
+    #[test]
+    fn run_options_set_terminal_env_dir_and_limits() {
+        let config = json!({"config": {"Cmd": ["sh"], "Env": ["A=1", "B=2"]}});
+        let mut s = spec("c1", &config, (None, None), &[]).unwrap();
+        let opts = RunOptions {
+            tty: true,
+            env: vec!["B=3".into()],
+            cwd: Some("/srv".into()),
+            memory: Some(parse_memory("256m").unwrap()),
+            cpus: Some(parse_cpus("1.5").unwrap()),
+            ..Default::default()
+        };
+        apply(&mut s, &opts).unwrap();
+        assert_eq!(s["process"]["terminal"], true);
+        let env = env_list(&s["process"]["env"]);
+        assert!(
+            env.contains(&"A=1".into()) && env.contains(&"B=3".into()),
+            "{env:?}"
+        );
+        assert!(!env.contains(&"B=2".into()) && env.contains(&"TERM=xterm".into()));
+        assert_eq!(s["process"]["cwd"], "/srv");
+        assert_eq!(s["linux"]["resources"]["memory"]["limit"], 256 << 20);
+        assert_eq!(s["linux"]["resources"]["cpu"]["quota"], 150_000);
+        let bad = RunOptions {
+            env: vec!["=x".into()],
+            ..Default::default()
+        };
+        assert!(apply(&mut s, &bad).is_err());
+    }
+
+    #[test]
+    fn sizes_and_cpu_counts_are_read_like_dockers() {
+        assert_eq!(parse_memory("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_memory("64Mi").unwrap(), 64 << 20);
+        assert_eq!(parse_memory("67108864").unwrap(), 64 << 20);
+        for bad in ["", "12x", "m", "1k", "99999999999g", "-5m"] {
+            assert!(parse_memory(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_cpus("0.5").unwrap(), 0.5);
+        for bad in ["0", "-1", "x", "2000", "NaN"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
     }
 }

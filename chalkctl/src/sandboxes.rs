@@ -38,7 +38,7 @@ pub fn get(client: &Client, id: &str) -> Result<Value> {
 }
 
 /// Container `id`, refused unless it runs with this runtime.
-fn chalk_container(client: &Client, id: &str) -> Result<Container> {
+pub fn chalk_container(client: &Client, id: &str) -> Result<Container> {
     let c = client.container(id)?;
     if runtime_name(&c) != RUNTIME {
         return Err(format!("sandbox {id} runs {:?}, not {RUNTIME}", runtime_name(&c)).into());
@@ -75,6 +75,7 @@ fn describe(client: &Client, c: &Container, snaps: &[crate::registry::Snapshot])
         .collect();
     let mut v = json!({
         "id": c.id,
+        "name": c.labels.get(crate::names::NAME_LABEL),
         "status": status,
         "pid": task.as_ref().map(|(_, pid)| *pid),
         "image": c.image,
@@ -119,6 +120,80 @@ pub fn expire(client: &mut Client, id: &str, action: &str, progress: &Progress) 
             client.delete_container(id);
             client.remove_snapshot(&c.snapshotter, &c.snapshot_key);
             Ok(json!({"status": "destroyed"}))
+        }
+    }
+}
+
+/// `d` as `12.3s`, for messages.
+pub fn seconds(d: std::time::Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// What `chalkctl wait` waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The sandbox's task runs (made and started, a resume or fork complete).
+    Running,
+    /// Its init has exited: the exit status.
+    Exited,
+}
+
+/// Waits, at most `timeout`, until sandbox `id` is as `until` says; the exit status for
+/// [`Until::Exited`].
+pub fn wait(
+    client: &Client,
+    id: &str,
+    until: Until,
+    timeout: Option<std::time::Duration>,
+) -> Result<Option<u32>> {
+    use std::time::{Duration, Instant};
+    let started = Instant::now();
+    let late = |what: String| -> crate::Error {
+        format!(
+            "sandbox {id} {what} after {}: wait longer (--timeout)",
+            seconds(started.elapsed())
+        )
+        .into()
+    };
+    match until {
+        Until::Running => loop {
+            let status = client.task_status(id)?;
+            if matches!(&status, Some((s, _)) if s == "running") {
+                return Ok(None);
+            }
+            if matches!(&status, Some((s, _)) if s == "stopped") {
+                return Err(format!("sandbox {id} has stopped: it will not run again").into());
+            }
+            if timeout.is_some_and(|t| started.elapsed() >= t) {
+                let now = match status {
+                    Some((s, _)) => format!("is {s}"),
+                    None if client.container(id).is_ok() => "has no task".to_string(),
+                    None => "does not exist".to_string(),
+                };
+                return Err(late(now));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        },
+        Until::Exited => {
+            chalk_container(client, id)?;
+            let no_task = || -> crate::Error {
+                format!("sandbox {id} has no task: it is not running (see chalkctl get --id {id})")
+                    .into()
+            };
+            let Some(t) = timeout else {
+                return client.wait(id)?.map(Some).ok_or_else(no_task);
+            };
+            // containerd's Wait has no deadline: watch the status, then collect the exit.
+            loop {
+                match client.task_status(id)? {
+                    None => return Err(no_task()),
+                    Some((s, _)) if s == "stopped" => {
+                        return client.wait(id)?.map(Some).ok_or_else(no_task)
+                    }
+                    Some(_) if started.elapsed() >= t => return Err(late("still runs".into())),
+                    Some(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
         }
     }
 }

@@ -52,6 +52,34 @@ pub fn begin(
     labels: Vec<(String, String)>,
     status: Status,
 ) -> Result<Begun> {
+    begin_named(client, id, labels, None, status)
+}
+
+/// As [`begin`], the snapshot given `name` (refused when another snapshot has it).
+pub fn begin_named(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    name: Option<&str>,
+    status: Status,
+) -> Result<Begun> {
+    if let Some(name) = name {
+        crate::names::check(name)?;
+        if let Some(other) = all(client)?
+            .iter()
+            .find(|s| s.given_name.as_deref() == Some(name))
+        {
+            return Err(format!(
+                "snapshot name {name} is taken (by {}): choose another, or delete that one",
+                if other.digest.is_empty() {
+                    &other.name
+                } else {
+                    &other.digest
+                }
+            )
+            .into());
+        }
+    }
     if labels.len() > registry::MAX_USER_LABELS {
         return Err(format!(
             "{} labels: a snapshot carries at most {}",
@@ -87,6 +115,7 @@ pub fn begin(
         owner: (status == Status::InProgress)
             .then(crate::owner::me)
             .flatten(),
+        given_name: name.map(String::from),
         labels: labels.into_iter().collect(),
     };
     client.create_image(record(&snap, base.clone()))?;
@@ -200,9 +229,55 @@ pub fn create(
     suspend: bool,
     progress: &Progress,
 ) -> Result<Snapshot> {
-    let begun = begin(client, id, labels, Status::InProgress)?;
+    create_named(client, id, labels, None, suspend, progress)
+}
+
+/// As [`create`], the snapshot given `name`.
+pub fn create_named(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    name: Option<&str>,
+    suspend: bool,
+    progress: &Progress,
+) -> Result<Snapshot> {
+    let begun = begin_named(client, id, labels, name, Status::InProgress)?;
     progress.step(&format!("recorded {} (in_progress)", begun.snap.name));
     finish(client, begun, suspend, progress)
+}
+
+/// Waits until snapshot `query` is completed (returned) or failed (its error), for at most
+/// `timeout`.
+pub fn wait(
+    client: &Client,
+    query: &str,
+    timeout: Option<std::time::Duration>,
+) -> Result<Snapshot> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        let snap = find(client, query)?;
+        match snap.status {
+            Status::Completed => return Ok(snap),
+            Status::Failed => {
+                return Err(format!(
+                    "snapshot {query} failed: {}",
+                    snap.error.as_deref().unwrap_or("no error recorded")
+                )
+                .into())
+            }
+            Status::Pending | Status::InProgress => {}
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Err(format!(
+                "snapshot {query} is still {} after {}: wait longer (--timeout) or follow it \
+                 with chalkctl snapshot get",
+                snap.status,
+                crate::sandboxes::seconds(timeout.unwrap_or_default())
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// `bytes` for people.
@@ -675,6 +750,7 @@ pub fn to_json(s: &Snapshot) -> Value {
         "created": s.created,
         "error": s.error,
         "base_image": s.base_image,
+        "given_name": s.given_name,
         "labels": s.labels,
     })
 }

@@ -390,14 +390,31 @@ impl Containerd {
 
     /// A `chalkctl` command bound to this containerd and namespace, with an empty stdin.
     pub fn chalkctl_command(&self) -> io::Result<Command> {
-        let mut cmd = Command::new(chalkctl_binary()?);
-        cmd.arg("--address")
-            .arg(self.socket())
-            .args(["--namespace", &self.namespace])
-            .arg("--config")
-            .arg(self.options_path())
-            .stdin(Stdio::null());
+        let argv = self.chalkctl_argv()?;
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]).stdin(Stdio::null());
         Ok(cmd)
+    }
+
+    /// chalkctl and the flags that bind it to this containerd, its namespace, options and
+    /// state directory: for a command line another program runs (a terminal's).
+    pub fn chalkctl_argv(&self) -> io::Result<Vec<String>> {
+        Ok(vec![
+            chalkctl_binary()?.display().to_string(),
+            "--address".into(),
+            self.socket().display().to_string(),
+            "--namespace".into(),
+            self.namespace.clone(),
+            "--config".into(),
+            self.options_path().display().to_string(),
+            "--state-dir".into(),
+            self.chalkctl_state().display().to_string(),
+        ])
+    }
+
+    /// Where the chalkctl of this containerd keeps sandboxes' stdio.
+    pub fn chalkctl_state(&self) -> PathBuf {
+        self.dir().join("chalkctl")
     }
 
     /// Runs ctr with no stdin and collects its output.

@@ -10,6 +10,7 @@ pub mod procs;
 pub mod registry;
 pub mod reliability;
 pub mod testkit;
+pub mod tmux;
 pub mod tty;
 pub mod web;
 

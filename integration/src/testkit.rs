@@ -168,7 +168,10 @@ impl Env {
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
             let is_runsc = args.iter().any(|a| a.contains("runsc"));
-            if is_runsc && args.iter().any(|a| a == id) {
+            // chalkctl's stdio keeper of the sandbox: `chalkctl ... keep --id ID`.
+            let is_keeper = args.first().is_some_and(|a| a.ends_with("chalkctl"))
+                && args.iter().any(|a| a == "keep");
+            if (is_runsc || is_keeper) && args.iter().any(|a| a == id) {
                 found.push(format!(
                     "process {}: {}",
                     entry.file_name().to_string_lossy(),
@@ -192,6 +195,15 @@ impl Env {
             .filter(|l| l.contains(&format!("/{id}/")) || l.contains(&format!("-{id} ")))
         {
             found.push(format!("mount {m}"));
+        }
+        // What chalkctl keeps of a sandbox removed some other way is its log (until chalkctl
+        // next sweeps); its fifos and socket end with its keeper.
+        let kept = self.c.chalkctl_state().join(&self.c.namespace).join(id);
+        for entry in std::fs::read_dir(&kept).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !matches!(name.as_str(), "log" | "log.1" | "exit" | "keeper.log") {
+                found.push(format!("chalkctl state {}", entry.path().display()));
+            }
         }
         if self.bundle(id).exists() {
             found.push(format!("bundle {}", self.bundle(id).display()));

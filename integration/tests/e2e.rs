@@ -49,6 +49,9 @@ mod faults;
 #[path = "e2e/nerdctl.rs"]
 mod nerdctl;
 
+#[path = "e2e/cli.rs"]
+mod cli;
+
 fn main() {
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     c.import_busybox()
@@ -95,6 +98,9 @@ fn main() {
         chalkctl::chalkctl_snapshot_registry,
         chalkctl::chalkctl_suspend_and_resume,
         chalkctl::chalkctl_refuses_what_it_cannot_fork,
+        cli::cli_terminal_session_run_attach_fork_logs_rm,
+        cli::cli_exec_run_options_and_wait,
+        cli::cli_names_snapshot_wait_and_rm_of_a_suspended_sandbox,
         hooks::hooks_run_around_a_snapshot_and_in_each_fork,
         hooks::failing_hooks_abort_the_checkpoint_or_fail_the_restore,
         hooks::fork_identity_example_gives_each_fork_its_own,

@@ -3,6 +3,7 @@
 //! its memory went), `resume --from` brings it back here, pulling what this host lacks, on
 //! this host or on one that never ran it.
 
+use crate::stdio::keeper::Keeping;
 use chalk_runtime::snapshot::store::GcReport;
 
 use super::{
@@ -73,6 +74,7 @@ pub fn resume_from(
     access: &Access,
     id: &str,
     from: Option<&str>,
+    keep: Option<&Keeping>,
     progress: &Progress,
 ) -> Result<(String, u32, Option<Pulled>)> {
     let container = match client.container(id) {
@@ -96,7 +98,7 @@ pub fn resume_from(
             )
             .into());
         }
-        let pid = fork::resume_here(client, &pulled.snapshot, progress)?;
+        let pid = fork::resume_here(client, &pulled.snapshot, keep, progress)?;
         return Ok((pulled.snapshot.digest.clone(), pid, Some(pulled)));
     };
     let Some(wanted) = container.labels.get(SUSPENDED_FROM).cloned() else {
@@ -123,7 +125,7 @@ pub fn resume_from(
         }
         pulled = Some(got);
     }
-    let (digest, pid) = fork::resume(client, id, progress)?;
+    let (digest, pid) = fork::resume(client, id, keep, progress)?;
     client.set_container_label(id, RELEASED_TO, None)?;
     Ok((digest, pid, pulled))
 }

@@ -119,6 +119,7 @@ pub fn pull(
         error: None,
         base_image: Some(format!("{image}@{}", base.digest)),
         owner: crate::owner::me(),
+        given_name: None,
         labels: [(fork::PULLED_FROM.to_string(), r.whole())].into(),
     };
     client.create_image(snapshots::record(&snapshot, base_desc.clone()))?;
