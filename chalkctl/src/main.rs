@@ -1,4 +1,4 @@
-//! chalkctl: snapshots of chalk sandboxes over containerd's API, with `ctr`'s conventions
+//! chalkctl: the whole life of chalk sandboxes over containerd's API, with `ctr`'s conventions
 //! (`--address`/`CONTAINERD_ADDRESS`, `--namespace`/`CONTAINERD_NAMESPACE`).
 
 use std::process::ExitCode;
@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 #[command(
     name = "chalkctl",
     version,
-    about = "Snapshots of chalk-shim sandboxes on containerd"
+    about = "chalk-shim sandboxes on containerd: run, exec, attach, logs, snapshot, fork, suspend, resume, rm"
 )]
 struct Cli {
     /// containerd's socket.

@@ -252,9 +252,28 @@ pub fn debian_package_installs_and_purges(_e: &Env) -> TestResult {
             "/etc/containerd/chalk.toml",
             "/usr/share/chalk-shim/install.sh",
             "/usr/share/chalk-shim/kubernetes/runtimeclass.yaml",
+            "/usr/share/bash-completion/completions/chalkctl",
+            "/usr/share/zsh/vendor-completions/_chalkctl",
+            "/usr/share/fish/vendor_completions.d/chalkctl.fish",
+            "/usr/share/man/man1/chalkctl.1.gz",
         ] {
             ensure!(Path::new(f).exists(), "{f} is not installed");
         }
+        let bash = std::fs::read_to_string("/usr/share/bash-completion/completions/chalkctl")
+            .unwrap_or_default();
+        ensure!(
+            bash.contains("attach") && bash.contains("--snapshot-id"),
+            "the bash completion does not know chalkctl's commands"
+        );
+        let man = Command::new("sh")
+            .args(["-c", "gzip -dc /usr/share/man/man1/chalkctl.1.gz"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let man = String::from_utf8_lossy(&man.stdout);
+        ensure!(
+            man.contains(".TH chalkctl") && man.contains("attach"),
+            "the man page: {man:.200}"
+        );
         let v = Command::new("/usr/bin/chalkctl")
             .arg("--version")
             .output()

@@ -15,6 +15,27 @@ fn terminal(e: &Env, name: &str, args: &[&str], size: (u32, u32)) -> Result<Tmux
     Ok(Tmux::start(name, &argv, size.0, size.1)?)
 }
 
+/// With `CHALK_SESSION_LOG` set, what a step showed is appended there (the closing note's
+/// transcript of a session).
+fn show(step: &str, text: &str) {
+    if let Some(path) = std::env::var_os("CHALK_SESSION_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "## {step}\n{}\n", text.trim_end());
+        }
+    }
+}
+
+fn show_screen(step: &str, t: &Tmux) {
+    if std::env::var_os("CHALK_SESSION_LOG").is_some() {
+        show(step, &t.screen().unwrap_or_default());
+    }
+}
+
 /// Nothing of `id` is left, chalkctl's directory for it included.
 fn gone(e: &Env, id: &str) -> TestResult {
     e.assert_clean(id)?;
@@ -44,6 +65,10 @@ pub fn cli_terminal_session_run_attach_fork_logs_rm(e: &Env) -> TestResult {
     let result = (|| {
         let out = e.chalkctl(&["run", "--tty", "--name", "cli-box", IMAGE, id, "--", "sh"]);
         ensure!(out.code == 0, "run --tty: {out:?}");
+        show(
+            "chalkctl run --tty --name cli-box busybox cli-tty -- sh",
+            &out.stdout,
+        );
         let t = terminal(e, "a", &["attach", "--id", "cli-box"], (100, 30))?;
         t.wait_for("detach with Ctrl-P Ctrl-Q", LONG)?;
         t.line("echo hello-$((6*7))")?;
@@ -53,14 +78,22 @@ pub fn cli_terminal_session_run_attach_fork_logs_rm(e: &Env) -> TestResult {
         t.keys(&["C-p", "C-q"])?;
         t.wait_for("detached from cli-tty", LONG)?;
         t.wait_for("rc=0", LONG)?;
+        show_screen(
+            "chalkctl attach --id cli-box (typed, then Ctrl-P Ctrl-Q)",
+            &t,
+        );
         ensure!(
             e.task_status(id).as_deref() == Some("RUNNING"),
             "detaching stopped the sandbox"
         );
         drop(t);
 
-        let out = e.chalkctl_json(&["fork", "--id", "cli-box", "--fork-id", fork])?;
-        ensure!(out["forks"][0]["error"].is_null(), "fork: {out}");
+        let out = e.chalkctl(&["fork", "--id", "cli-box", "--fork-id", fork]);
+        ensure!(out.code == 0, "fork: {out:?}");
+        show(
+            "chalkctl fork --id cli-box --fork-id cli-tty-twin",
+            &[out.stdout.as_str(), &out.stderr].concat(),
+        );
         let t = terminal(e, "b", &["attach", "--id", fork], (90, 25))?;
         t.wait_for("detach with Ctrl-P Ctrl-Q", LONG)?;
         t.line("echo in-the-$((1+1))nd")?;
@@ -80,6 +113,10 @@ pub fn cli_terminal_session_run_attach_fork_logs_rm(e: &Env) -> TestResult {
         t.wait_for("after-ctrl-c=130", LONG)?;
         t.keys(&["C-p", "C-q"])?;
         t.wait_for("rc=0", LONG)?;
+        show_screen(
+            "chalkctl attach --id cli-tty-twin (resized to 120x40, Ctrl-C, detached)",
+            &t,
+        );
         drop(t);
 
         // Suspended and resumed, the fork is attached to again, and its log goes on.
@@ -103,7 +140,12 @@ pub fn cli_terminal_session_run_attach_fork_logs_rm(e: &Env) -> TestResult {
             logs.code == 0 && logs.stdout.contains("hello-42"),
             "logs of the source: {logs:?}"
         );
+        show("chalkctl logs --id cli-box", &logs.stdout);
         let logs = e.chalkctl(&["logs", "--id", fork]);
+        show(
+            "chalkctl logs --id cli-tty-twin (suspended and resumed in between)",
+            &logs.stdout,
+        );
         ensure!(
             logs.code == 0
                 && logs.stdout.contains("in-the-2nd")
@@ -117,6 +159,7 @@ pub fn cli_terminal_session_run_attach_fork_logs_rm(e: &Env) -> TestResult {
 
         let out = e.chalkctl(&["rm", "--id", id]);
         refused(&out, "rm of a running sandbox", "--force")?;
+        show("chalkctl rm --id cli-tty", &out.stderr);
         ensure!(e.task_status(id).is_some(), "a refused rm removed the task");
         let out = e.chalkctl_json(&[
             "rm", "--force", "--grace", "2s", "--id", "cli-box", "--id", fork,
