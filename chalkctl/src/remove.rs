@@ -58,27 +58,39 @@ pub fn remove(
         (None, Some(_)) => "suspended".to_string(),
         (None, None) => "stopped".to_string(),
     };
-    let mut stopped = None;
-    match was.as_str() {
-        "stopped" if task.is_some() => client.delete_stopped_task(id)?,
-        "stopped" | "suspended" => {}
-        _ if !force => {
+    let live = !matches!(was.as_str(), "stopped" | "suspended");
+    if live && !force {
+        return Err(format!(
+            "sandbox {id} is {was}: stop it first, or give --force (SIGTERM, then SIGKILL \
+             after --grace)"
+        )
+        .into());
+    }
+    // A fork of a pod is a pod of its own: its other containers (`<name>-<fork>`) go first.
+    for m in pod_members(client, id)? {
+        if !client.kill_and_delete_task(&m.id) {
             return Err(format!(
-                "sandbox {id} is {was}: stop it first, or give --force (SIGTERM, then SIGKILL \
-                 after --grace)"
+                "sandbox {id}: the task of its pod container {} could not be removed: run \
+                 chalkctl rm again",
+                m.id
             )
-            .into())
+            .into());
         }
-        state => {
-            stopped = Some(stop(client, id, state == "running", grace));
-            if !client.kill_and_delete_task(id) {
-                return Err(format!(
-                    "sandbox {id}: its task could not be removed (is containerd answering?): \
-                     nothing else was removed; run chalkctl rm again"
-                )
-                .into());
-            }
+        client.delete_container(&m.id);
+        client.remove_snapshot(&m.snapshotter, &m.snapshot_key);
+    }
+    let mut stopped = None;
+    if live {
+        stopped = Some(stop(client, id, was == "running", grace));
+        if !client.kill_and_delete_task(id) {
+            return Err(format!(
+                "sandbox {id}: its task could not be removed (is containerd answering?): \
+                 nothing else was removed; run chalkctl rm again"
+            )
+            .into());
         }
+    } else if task.is_some() {
+        client.delete_stopped_task(id)?;
     }
     client.delete_container(id);
     client.remove_snapshot(&c.snapshotter, &c.snapshot_key);
@@ -95,6 +107,21 @@ pub fn remove(
         stopped,
         snapshot_kept: c.labels.get(SUSPENDED_FROM).cloned(),
     })
+}
+
+/// The containers that run in pod sandbox `id` (their spec names it as their sandbox).
+fn pod_members(
+    client: &Client,
+    id: &str,
+) -> Result<Vec<containerd_client::services::v1::Container>> {
+    Ok(client
+        .containers()?
+        .into_iter()
+        .filter(|c| c.id != id)
+        .filter(|c| {
+            crate::sandboxes::spec_of(c)["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID] == id
+        })
+        .collect())
 }
 
 /// Asks a running init to exit (SIGTERM) and waits `grace` for it: "exited" when it did,

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod containerd;
 pub mod cri;
 pub mod image;
+pub mod k8s;
 pub mod procs;
 pub mod registry;
 pub mod reliability;
