@@ -222,14 +222,12 @@ fn chalkctl(node: &Node, args: &[&str]) -> Result<chalk_integration::k8s::Out, S
 
 /// The id of pod `name`'s sandbox container in containerd (CRI labels it).
 fn sandbox_of(node: &Node, name: &str) -> Result<String, String> {
-    let out = node.containerd.ctr(&[
-        "containers",
-        "list",
-        "-q",
-        &format!(
-            "labels.\"io.kubernetes.pod.name\"=={name},labels.\"io.cri-containerd.kind\"==sandbox"
-        ),
-    ]);
+    let filter = format!(
+        "labels.\"io.kubernetes.pod.name\"=={name},labels.\"io.cri-containerd.kind\"==sandbox"
+    );
+    let out = node
+        .containerd
+        .ctr(["containers", "list", "-q", filter.as_str()]);
     out.stdout
         .lines()
         .next()
@@ -526,7 +524,7 @@ fn test(report: PathBuf) -> Result<(), String> {
             let all: Vec<String> = sandboxes.iter().flat_map(|s| processes_of(s)).collect();
             return Err(format!("left running: {all:?}"));
         }
-        let containers = n.containerd.ctr(&["containers", "list", "-q"]);
+        let containers = n.containerd.ctr(["containers", "list", "-q"]);
         let kept: Vec<&str> = containers
             .stdout
             .lines()
