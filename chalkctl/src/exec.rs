@@ -135,9 +135,9 @@ pub fn exec(
     state::make_private(&fifos)?;
     let result = run(client, id, &exec_id, &fifos, &process, opts);
     let _ = std::fs::remove_dir_all(&fifos);
-    // `exec/`, and for a sandbox chalkctl keeps nothing else of, its directory and the
-    // namespace's: whichever are empty now.
-    for up in fifos.ancestors().skip(1).take(3) {
+    // `exec/`, and for a sandbox chalkctl keeps nothing else of, its directory: whichever
+    // are empty now.
+    for up in fifos.ancestors().skip(1).take(2) {
         if std::fs::remove_dir(up).is_err() {
             break;
         }

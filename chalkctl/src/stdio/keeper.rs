@@ -210,6 +210,14 @@ pub fn sweep(client: &Client, keep: &Keeping) {
         if containers.iter().any(|c| c.id == name) {
             continue;
         }
+        // A sandbox being made has its directory before its container: only old ones go.
+        let young = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(60));
+        if young {
+            continue;
+        }
         if let Ok(dir) = keep.dir(&name) {
             if !running(&dir) {
                 let _ = dir.remove();
@@ -327,11 +335,7 @@ impl Held {
             let _ = std::fs::remove_file(p);
         }
         let _ = std::fs::remove_dir(self.dir.path().join("exec"));
-        if std::fs::remove_dir(self.dir.path()).is_ok() {
-            if let Some(ns) = self.dir.path().parent() {
-                let _ = std::fs::remove_dir(ns);
-            }
-        }
+        let _ = std::fs::remove_dir(self.dir.path());
     }
 }
 

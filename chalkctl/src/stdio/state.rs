@@ -82,17 +82,14 @@ impl SandboxDir {
         self.dir.exists()
     }
 
-    /// Removes the directory and the namespace directory above it once that is empty.
+    /// Removes the directory (the namespace's stays: another chalkctl may be making a
+    /// sandbox's in it).
     pub fn remove(&self) -> Result<()> {
         match std::fs::remove_dir_all(&self.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("remove {}: {e}", self.dir.display()).into()),
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("remove {}: {e}", self.dir.display()).into()),
         }
-        if let Some(ns) = self.dir.parent() {
-            let _ = std::fs::remove_dir(ns);
-        }
-        Ok(())
     }
 }
 
@@ -147,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn made_dirs_are_root_only_and_removed_with_an_empty_namespace() {
+    fn made_dirs_are_root_only_and_removed_whole() {
         let root = tempfile::tempdir().unwrap();
         let d = sandbox_dir(root.path(), "ns", "a").unwrap();
         d.make().unwrap();
@@ -158,7 +155,7 @@ mod tests {
         fifo(&d.stdout()).unwrap();
         fifo(&d.stdout()).unwrap();
         d.remove().unwrap();
-        assert!(!root.path().join("ns").exists());
+        assert!(!d.exists() && root.path().join("ns").exists());
         d.remove().unwrap();
     }
 
