@@ -293,7 +293,6 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
                 RUNTIME,
                 IMAGE,
                 &id,
-                "--",
                 "sh",
                 "-c",
                 COUNTER,
@@ -316,8 +315,9 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
 
         // An intact snapshot into a sandbox that may reach further than its source.
         let id = "tamper-wider";
-        // (Refused before runsc sees the process, so any will do; ctr misreads `--` and `-c`
-        // after --privileged.)
+        // (Refused before runsc sees the process, so any will do; ctr misreads `-c` after
+        // --privileged.) No `--` before a command: ctr 1.7's `containers create` keeps it as
+        // the first argument.
         let made = e.ctr(&[
             "containers",
             "create",
@@ -350,7 +350,6 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
             RUNTIME,
             IMAGE,
             id,
-            "--",
             "sh",
             "-c",
             COUNTER,
