@@ -1,6 +1,6 @@
 //! A single-node Kubernetes on this machine for the RuntimeClass tests: etcd, kube-apiserver
 //! (certificates and a service account key made here, for this run only) and a kubelet, all on
-//! loopback, against a private containerd whose CRI has the `chalk` handler as
+//! loopback (the kubelet on an address of its own on `lo`), against a private containerd whose CRI has the `chalk` handler as
 //! packaging/install.sh registers it (the harness's CRI setup, pods networked by the CNI
 //! bridge plugin and runsc's `network = "sandbox"`). There is no scheduler or controller
 //! manager: pods name their node, and the `default` service account is made by hand. Every
@@ -17,6 +17,9 @@ use std::{
 use crate::Containerd;
 
 pub const NODE: &str = "chalk-node";
+/// The node's address, on the loopback interface: reachable from this machine only (a kubelet
+/// refuses a loopback node IP, and the API server reaches the kubelet by it).
+pub const NODE_IP: &str = "10.88.78.1";
 const ETCD_CLIENT: u16 = 12379;
 const ETCD_PEER: u16 = 12380;
 const API_PORT: u16 = 16443;
@@ -130,7 +133,7 @@ fn make_pki(pki: &Path) -> Result<(), String> {
             "kubelet",
             "/CN=chalk-node",
             "serverAuth",
-            "IP:127.0.0.1,DNS:chalk-node,DNS:localhost",
+            "IP:127.0.0.1,IP:10.88.78.1,DNS:chalk-node,DNS:localhost",
         ),
     ];
     for (name, subj, usage, sans) in certs {
@@ -211,7 +214,7 @@ fn kubelet_config(dir: &Path, pki: &Path, runtime: &Path) -> String {
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: {NODE_IP}
 port: {KUBELET_PORT}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -224,6 +227,8 @@ authorization: {{mode: AlwaysAllow}}
 tlsCertFile: {crt}
 tlsPrivateKeyFile: {key}
 cgroupDriver: cgroupfs
+# This kind of machine boots with cgroup v1, which kubelets since 1.35 refuse unless told.
+failCgroupV1: false
 containerRuntimeEndpoint: unix://{runtime}
 failSwapOn: false
 podLogsDir: {logs}
@@ -264,6 +269,7 @@ impl Node {
         let dir = containerd.dir().join("k8s");
         let pki = dir.join("pki");
         make_pki(&pki)?;
+        node_link(true)?;
         let mut node = Node {
             containerd,
             dir: dir.clone(),
@@ -341,7 +347,7 @@ impl Node {
                 format!("--kubeconfig={}", dir.join("kubelet.kubeconfig").display()),
                 format!("--root-dir={}", dir.join("kubelet").display()),
                 format!("--hostname-override={NODE}"),
-                s("--node-ip=127.0.0.1"),
+                format!("--node-ip={NODE_IP}"),
             ],
         )?;
         node.children.push(("kubelet", kubelet));
@@ -465,6 +471,7 @@ impl Node {
         }
         self.children.clear();
         remove_kubelet_cgroups();
+        let _ = node_link(false);
     }
 }
 
@@ -472,6 +479,33 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Adds (or removes) [`NODE_IP`] on the loopback interface: an address of this machine's
+/// only, not in the loopback range.
+fn node_link(make: bool) -> Result<(), String> {
+    let ip = |verb: &str| {
+        Command::new("ip")
+            .args(["addr", verb, &format!("{NODE_IP}/32"), "dev", "lo"])
+            .output()
+            .map_err(|e| format!("ip: {e}"))
+            .and_then(|o| {
+                if o.status.success() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "ip addr {verb} {NODE_IP}: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    ))
+                }
+            })
+    };
+    // One left by a run that was killed goes first.
+    let _ = ip("del");
+    if make {
+        ip("add")?;
+    }
+    Ok(())
 }
 
 /// The kubelet's QoS cgroups (`kubepods`, cgroupfs driver), removed deepest first once empty.
