@@ -103,12 +103,42 @@ pub fn adapted_spec(spec: &Value, netns: Option<&Path>, terminal: bool) -> Value
         netns::set_netns_path(&mut adapted, path);
     }
     adapt_process(&mut adapted["process"], terminal);
+    drop_shadowed_mounts(&mut adapted);
     // The shim sets the sandbox's OOM score itself (runsc 2022 fails writing it for a pod's
     // gofer, and a sandbox holding a pod must take its workload's score, not the pause one).
     if let Some(process) = adapted["process"].as_object_mut() {
         process.remove("oomScoreAdj");
     }
     adapted
+}
+
+/// Removes each mount that a later one on the same destination hides (containerd 1.x's CRI
+/// mounts the image's `/dev/shm` tmpfs and then the pod's over it): what the container sees
+/// is unchanged, and runsc refuses to restore a spec whose duplicate mounts differ.
+fn drop_shadowed_mounts(spec: &mut Value) {
+    let Some(mounts) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut keep: Vec<bool> = mounts
+        .iter()
+        .rev()
+        .map(|m| {
+            seen.insert(
+                m["destination"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .trim_end_matches('/')
+                    .to_string(),
+            )
+        })
+        .collect();
+    keep.reverse();
+    let mut i = 0;
+    mounts.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
 }
 
 /// Writes `adapted` over the bundle's config.json when it differs from `spec`.
@@ -258,6 +288,27 @@ mod tests {
         let mut p = json!({"args": ["sh"]});
         adapt_process(&mut p, false);
         assert_eq!(p, json!({"args": ["sh"]}));
+    }
+
+    #[test]
+    fn a_mount_hidden_by_a_later_one_on_its_destination_goes() {
+        let spec = json!({"mounts": [
+            {"destination": "/proc", "type": "proc"},
+            {"destination": "/dev/shm", "type": "tmpfs"},
+            {"destination": "/etc/hosts", "type": "bind", "source": "/a"},
+            {"destination": "/dev/shm/", "type": "bind", "source": "/pod/shm"},
+        ]});
+        let adapted = adapted_spec(&spec, None, false);
+        let kinds: Vec<&str> = adapted["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["proc", "bind", "bind"]);
+        assert_eq!(adapted["mounts"][2]["source"], "/pod/shm");
+        let plain = json!({"mounts": [{"destination": "/proc"}, {"destination": "/dev"}]});
+        assert_eq!(adapted_spec(&plain, None, false)["mounts"], plain["mounts"]);
     }
 
     #[test]

@@ -197,6 +197,19 @@ fn stored_manifest(e: &Env, d: &Descriptor) -> Result<serde_json::Value, Failed>
     serde_json::from_slice(&bytes[data..data + size]).map_err(|e| Failed::from(e.to_string()))
 }
 
+/// `ctr containers create` of container `id` running `cmd`. ctr 1.6 and 2.x need a `--`
+/// before a command with flags of its own (they read `-c` as theirs otherwise); ctr 1.7 keeps
+/// a `--` as the command's first word, and leaves the command's flags to it.
+fn create_running(e: &Env, id: &str, cmd: &[&str]) -> CtrOutput {
+    let version = e.ctr(&["--version"]).stdout;
+    let mut args = vec!["containers", "create", "--runtime", RUNTIME, IMAGE, id];
+    if !version.split_whitespace().any(|w| w.starts_with("1.7.")) {
+        args.push("--");
+    }
+    args.extend_from_slice(cmd);
+    e.ctr(&args)
+}
+
 pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
     let (src, src_dir) = ("tamper-src", "dir-for-tamper");
     e.remove(src);
@@ -286,17 +299,7 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
             let mut bytes = original.clone();
             tamper(&mut bytes)?;
             std::fs::write(&blob, &bytes).map_err(|e| e.to_string())?;
-            let made = e.ctr(&[
-                "containers",
-                "create",
-                "--runtime",
-                RUNTIME,
-                IMAGE,
-                &id,
-                "sh",
-                "-c",
-                COUNTER,
-            ]);
+            let made = create_running(e, &id, &["sh", "-c", COUNTER]);
             ensure!(made.code == 0, "create {id}: {made:?}");
             let refused = api.create_task_from(&id, &stored);
             let leftovers = e.leftovers(&id);
@@ -315,9 +318,8 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
 
         // An intact snapshot into a sandbox that may reach further than its source.
         let id = "tamper-wider";
-        // (Refused before runsc sees the process, so any will do; ctr misreads `-c` after
-        // --privileged.) No `--` before a command: ctr 1.7's `containers create` keeps it as
-        // the first argument.
+        // (Refused before runsc sees the process, so any will do; ctr misreads `--` and `-c`
+        // after --privileged.)
         let made = e.ctr(&[
             "containers",
             "create",
@@ -343,17 +345,7 @@ pub fn tampered_snapshots_are_refused(e: &Env) -> TestResult {
 
         // The intact snapshot restores: the refusals were about the tampering.
         let id = "tamper-intact";
-        let made = e.ctr(&[
-            "containers",
-            "create",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            id,
-            "sh",
-            "-c",
-            COUNTER,
-        ]);
+        let made = create_running(e, id, &["sh", "-c", COUNTER]);
         // The same process as the source: current runsc checks the spec against the one
         // checkpointed.
         ensure!(made.code == 0, "create {id}: {made:?}");
