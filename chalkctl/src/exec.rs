@@ -7,23 +7,23 @@
 
 use std::{
     fs::File,
-    io::{Read, Write},
-    os::{fd::AsFd, unix::fs::OpenOptionsExt},
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
     path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
         mpsc,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
 use serde_json::Value;
 
 use crate::{
     client::{Client, Stdio},
     sandboxes::spec_of,
     stdio::{
+        pump::pump,
         state::{self, SandboxDir},
         tty,
     },
@@ -58,7 +58,7 @@ pub fn process_spec(init: &Value, cmd: &[String], opts: &ExecOptions) -> Result<
         }
         p["cwd"] = cwd.clone().into();
     }
-    let mut env: Vec<String> = crate::run::env_list(&p["env"]);
+    let mut env = chalk_runtime::spec::strings(&p["env"]);
     crate::run::merge_env(&mut env, &opts.env)?;
     p["env"] = env.into();
     // The init's terminal size is not this process's.
@@ -77,36 +77,12 @@ fn open_reader(path: &Path) -> Result<File> {
         .map_err(|e| Error::from(format!("open {}: {e}", path.display())))
 }
 
-/// Copies `from` (a FIFO) to `to` until its writer has closed it, or, once `ended` is set,
-/// until it has been quiet a while (a child of the process may hold it open).
+/// Copies `from` (a FIFO opened alone) to `to` until its writer has closed it, or, once
+/// the process has exited, it has been quiet a second (a child of the process may hold it).
 fn copy_out(from: File, mut to: impl Write, ended: &AtomicBool) {
-    let mut from = from;
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut quiet_since = Instant::now();
-    loop {
-        let revents = {
-            let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
-            match nix::poll::poll(&mut fds, PollTimeout::from(100u16)) {
-                Ok(n) if n > 0 => fds[0].revents().unwrap_or(PollFlags::empty()),
-                _ => PollFlags::empty(),
-            }
-        };
-        // Linux reports POLLHUP on a FIFO only once a writer has come and gone.
-        if revents.intersects(PollFlags::POLLIN | PollFlags::POLLHUP) {
-            match from.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => {
-                    let _ = to.write_all(&buf[..n]).and_then(|_| to.flush());
-                    quiet_since = Instant::now();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return,
-            }
-        } else if ended.load(Ordering::SeqCst) && quiet_since.elapsed() > Duration::from_secs(1) {
-            return;
-        }
-    }
+    pump(from, ended, Duration::from_secs(1), |data| {
+        let _ = to.write_all(data).and_then(|_| to.flush());
+    });
 }
 
 /// Runs `cmd` in sandbox `id`, its fifos under `dir`: the process's exit status. Call

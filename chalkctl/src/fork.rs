@@ -596,18 +596,10 @@ pub fn resume(
     let terminal = crate::sandboxes::spec_of(&client.container(id)?)["process"]["terminal"]
         .as_bool()
         .unwrap_or(false);
-    // Not `with_keeper`: the resume needs the client mutably, and a suspended sandbox's
-    // log is its own (kept, appended to).
-    match keep {
-        None => resume_with(client, id, None, progress),
-        Some(keep) => {
-            let keeper = keep.start(id, terminal)?;
-            let io = keeper.stdio();
-            let resumed = resume_with(client, id, Some((&io, None)), progress)?;
-            keeper.go();
-            Ok(resumed)
-        }
-    }
+    // A suspended sandbox's log is its own: the new keeper appends to it.
+    keeper::kept(keep, id, terminal, |io| {
+        resume_with(client, id, io, progress)
+    })
 }
 
 /// As [`resume`], the restored task's stdio on `io` (its terminal sized before it runs).

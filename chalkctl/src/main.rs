@@ -826,10 +826,10 @@ fn run(cli: &Cli) -> Result<Value> {
             };
             let keep = keeping(cli)?;
             keeper::sweep(&client, &keep);
+            keep.clear_stale(&client, id)?;
             let size = if *tty { tty::my_window_size() } else { None };
             let pid = progress.during(&format!("starting {id}"), || {
-                let kept_by = Client::connect(&cli.address, &cli.namespace)?;
-                keeper::with_keeper(&kept_by, Some(&keep), id, *tty, |io| {
+                keeper::kept(Some(&keep), id, *tty, |io| {
                     let io = io.map(|(stdio, _)| (stdio, size));
                     run::run(&mut client, image, id, snapshotter, cmd, &opts, io)
                 })

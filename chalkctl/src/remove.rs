@@ -138,13 +138,9 @@ fn stop(client: &Client, id: &str, running: bool, grace: Duration) -> &'static s
             _ => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    log_grace(id, grace);
-    "killed"
-}
-
-fn log_grace(id: &str, grace: Duration) {
     eprintln!(
         "chalkctl: {id} did not exit within {} of SIGTERM: killed",
         seconds(grace)
     );
+    "killed"
 }

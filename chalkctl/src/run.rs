@@ -134,11 +134,6 @@ pub struct RunOptions {
     pub labels: HashMap<String, String>,
 }
 
-/// The KEY=VALUE strings of a spec's `env`.
-pub fn env_list(v: &Value) -> Vec<String> {
-    strings(v)
-}
-
 /// Sets each KEY=VALUE of `add` in `env`, replacing an earlier value of the same key.
 pub fn merge_env(env: &mut Vec<String>, add: &[String]) -> Result<()> {
     for kv in add {
@@ -196,7 +191,7 @@ pub fn parse_cpus(s: &str) -> Result<f64> {
 /// memory and CPU limits (the cgroup runsc puts the sandbox in).
 pub fn apply(spec: &mut Value, opts: &RunOptions) -> Result<()> {
     let p = &mut spec["process"];
-    let mut env = env_list(&p["env"]);
+    let mut env = strings(&p["env"]);
     if opts.tty {
         p["terminal"] = true.into();
         if !env.iter().any(|e| e.starts_with("TERM=")) {
@@ -341,7 +336,7 @@ mod tests {
         };
         apply(&mut s, &opts).unwrap();
         assert_eq!(s["process"]["terminal"], true);
-        let env = env_list(&s["process"]["env"]);
+        let env = strings(&s["process"]["env"]);
         assert!(
             env.contains(&"A=1".into()) && env.contains(&"B=3".into()),
             "{env:?}"

@@ -12,13 +12,10 @@
 use std::{
     fs::File,
     io::{BufRead, BufReader, Read, Write},
-    os::{
-        fd::AsFd,
-        unix::{
-            fs::OpenOptionsExt,
-            net::{UnixListener, UnixStream},
-            process::CommandExt,
-        },
+    os::unix::{
+        fs::OpenOptionsExt,
+        net::{UnixListener, UnixStream},
+        process::CommandExt,
     },
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Stdio as Piped},
@@ -29,14 +26,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nix::{
-    fcntl::{Flock, FlockArg},
-    poll::{PollFd, PollFlags, PollTimeout},
-};
+use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
 
 use super::{
     log::{BoundedLog, MAX_BYTES},
+    pump::pump,
     state::{self, SandboxDir},
 };
 use crate::{
@@ -169,11 +164,22 @@ impl Drop for Keeper {
     }
 }
 
+impl Keeping {
+    /// Removes what an earlier sandbox of this id left (removed by ctr, not chalkctl rm): it
+    /// is not a new one's log. A suspended sandbox's stays (its container is still there).
+    pub fn clear_stale(&self, client: &Client, id: &str) -> Result<()> {
+        let dir = self.dir(id)?;
+        if !running(&dir) && matches!(client.container(id), Err(e) if e.is_not_found()) {
+            dir.remove()?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs `make` (which creates and starts sandbox `id`'s task) on the stdio of a keeper
 /// started for it when `keep` is given, on none otherwise; the keeper goes on once `make`
 /// succeeds and removes what it made when it fails.
-pub fn with_keeper<T>(
-    client: &Client,
+pub fn kept<T>(
     keep: Option<&Keeping>,
     id: &str,
     terminal: bool,
@@ -182,17 +188,25 @@ pub fn with_keeper<T>(
     let Some(keep) = keep else {
         return make(None);
     };
-    // What an earlier sandbox of this id left (removed by ctr, not chalkctl rm) is not this
-    // one's log; a suspended sandbox's is (its container is still there).
-    let dir = keep.dir(id)?;
-    if !running(&dir) && matches!(client.container(id), Err(e) if e.is_not_found()) {
-        dir.remove()?;
-    }
     let keeper = keep.start(id, terminal)?;
     let io = keeper.stdio();
     let made = make(Some((&io, None)))?;
     keeper.go();
     Ok(made)
+}
+
+/// As [`kept`] for a new sandbox `id`: what an earlier one of that id left goes first.
+pub fn with_keeper<T>(
+    client: &Client,
+    keep: Option<&Keeping>,
+    id: &str,
+    terminal: bool,
+    make: impl FnOnce(Option<(&Stdio, Option<(u32, u32)>)>) -> Result<T>,
+) -> Result<T> {
+    if let Some(k) = keep {
+        k.clear_stale(client, id)?;
+    }
+    kept(keep, id, terminal, make)
 }
 
 /// Removes what chalkctl kept of sandboxes that are gone (removed with ctr or by their
@@ -410,7 +424,7 @@ fn keep(held: &Held, address: &str, namespace: &str, id: &str) {
         };
         let (log, clients, ended) = (log.clone(), clients.clone(), ended.clone());
         pumps.push(std::thread::spawn(move || {
-            pump(output, &ended, |data| {
+            pump(output, &ended, Duration::from_millis(300), |data| {
                 if let Err(e) = log.lock().unwrap().write(data) {
                     eprintln!("keeper: write the log: {e}");
                 }
@@ -437,33 +451,6 @@ fn keep(held: &Held, address: &str, namespace: &str, id: &str) {
     );
     for c in clients.lock().unwrap().drain(..) {
         let _ = c.shutdown(std::net::Shutdown::Both);
-    }
-}
-
-/// Reads `output` into `sink` until the init has ended and nothing more came for a moment
-/// (what it printed last is still on its way through the shim).
-fn pump(mut output: File, ended: &AtomicBool, mut sink: impl FnMut(&[u8])) {
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut quiet_since = Instant::now();
-    loop {
-        let readable = {
-            let mut fds = [PollFd::new(output.as_fd(), PollFlags::POLLIN)];
-            matches!(nix::poll::poll(&mut fds, PollTimeout::from(100u16)), Ok(n) if n > 0)
-        };
-        if readable {
-            match output.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => {
-                    sink(&buf[..n]);
-                    quiet_since = Instant::now();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return,
-            }
-        } else if ended.load(Ordering::SeqCst) && quiet_since.elapsed() > Duration::from_millis(300)
-        {
-            return;
-        }
     }
 }
 
