@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::Containerd;
+use crate::{Containerd, CtrOutput};
 
 pub const NODE: &str = "chalk-node";
 /// The node's address, on the loopback interface: reachable from this machine only (a kubelet
@@ -58,14 +58,6 @@ pub struct Node {
     dir: PathBuf,
     bins: Binaries,
     children: Vec<(&'static str, Child)>,
-}
-
-/// What a command printed and how it ended.
-#[derive(Debug)]
-pub struct Out {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<(), String> {
@@ -414,11 +406,11 @@ impl Node {
     }
 
     /// Runs kubectl as the cluster's admin.
-    pub fn kubectl(&self, args: &[&str]) -> Out {
+    pub fn kubectl(&self, args: &[&str]) -> CtrOutput {
         self.kubectl_with_stdin(args, None)
     }
 
-    pub fn kubectl_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Out {
+    pub fn kubectl_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> CtrOutput {
         let child = Command::new(&self.bins.kubectl)
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
@@ -434,7 +426,7 @@ impl Node {
         let mut child = match child {
             Ok(c) => c,
             Err(e) => {
-                return Out {
+                return CtrOutput {
                     code: -1,
                     stdout: String::new(),
                     stderr: e.to_string(),
@@ -445,12 +437,8 @@ impl Node {
             let _ = w.write_all(text.as_bytes());
         }
         match child.wait_with_output() {
-            Ok(o) => Out {
-                code: o.status.code().unwrap_or(-1),
-                stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-            },
-            Err(e) => Out {
+            Ok(o) => o.into(),
+            Err(e) => CtrOutput {
                 code: -1,
                 stdout: String::new(),
                 stderr: e.to_string(),
@@ -459,7 +447,7 @@ impl Node {
     }
 
     /// `kubectl apply -f -` of `yaml`.
-    pub fn apply(&self, yaml: &str) -> Out {
+    pub fn apply(&self, yaml: &str) -> CtrOutput {
         self.kubectl_with_stdin(&["apply", "-f", "-"], Some(yaml))
     }
 

@@ -19,7 +19,7 @@ use std::{
 };
 
 use chalk_integration::{
-    containerd::{chalkctl_binary, IMAGE},
+    containerd::IMAGE,
     k8s::{until, Binaries, Node, NODE},
     procs,
 };
@@ -191,7 +191,7 @@ fn exec(
     pod: &str,
     container: Option<&str>,
     cmd: &[&str],
-) -> chalk_integration::k8s::Out {
+) -> chalk_integration::CtrOutput {
     let mut args = vec!["exec", pod];
     if let Some(c) = container {
         args.extend(["-c", c]);
@@ -199,25 +199,6 @@ fn exec(
     args.push("--");
     args.extend_from_slice(cmd);
     node.kubectl(&args)
-}
-
-/// chalkctl on the node's containerd, in the CRI namespace.
-fn chalkctl(node: &Node, args: &[&str]) -> Result<chalk_integration::k8s::Out, String> {
-    let out = Command::new(chalkctl_binary().map_err(|e| e.to_string())?)
-        .arg("--address")
-        .arg(node.containerd.socket())
-        .args(["--namespace", "k8s.io", "--config"])
-        .arg(node.containerd.options_path())
-        .arg("--state-dir")
-        .arg(node.containerd.chalkctl_state())
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    Ok(chalk_integration::k8s::Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
 }
 
 /// The id of pod `name`'s sandbox container in containerd (CRI labels it).
@@ -471,14 +452,14 @@ fn test(report: PathBuf) -> Result<(), String> {
                 let sandbox = sandbox_of(n, "chalk-probe")?;
                 let before = restarts(&json(n, &["get", "pod", "chalk-probe"])?);
                 let t = Instant::now();
-                let snap = chalkctl(n, &["snapshot", "create", "--id", &sandbox])?;
+                let snap = n.containerd.chalkctl(&["snapshot", "create", "--id", &sandbox]);
                 if snap.code != 0 {
                     return Err(format!("snapshot create: {snap:?}"));
                 }
                 let snap_secs = t.elapsed().as_secs_f64();
                 let id = snap.stdout.trim().to_string();
                 let t = Instant::now();
-                let fork = chalkctl(n, &["fork", "--snapshot-id", &id, "--fork-id", "probefork"])?;
+                let fork = n.containerd.chalkctl(&["fork", "--snapshot-id", &id, "--fork-id", "probefork"]);
                 if fork.code != 0 {
                     return Err(format!("fork: {fork:?}"));
                 }
@@ -499,9 +480,9 @@ fn test(report: PathBuf) -> Result<(), String> {
                 ]);
                 // The fork is a pod of its own: its copy of `main` is `main-probefork`.
                 let fork_count =
-                    chalkctl(n, &["exec", "--id", "main-probefork", "--", "cat", "/tmp/count"])?;
-                let removed = chalkctl(n, &["rm", "--force", "--grace", "1s", "--id", "probefork"])?;
-                let deleted = chalkctl(n, &["snapshot", "delete", "--snapshot-id", &id])?;
+                    n.containerd.chalkctl(&["exec", "--id", "main-probefork", "--", "cat", "/tmp/count"]);
+                let removed = n.containerd.chalkctl(&["rm", "--force", "--grace", "1s", "--id", "probefork"]);
+                let deleted = n.containerd.chalkctl(&["snapshot", "delete", "--snapshot-id", &id]);
                 if after != before || !still_ready {
                     return Err(format!(
                         "the pod's probes failed after the snapshot: restarts {before} -> {after}, \
