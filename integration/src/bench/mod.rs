@@ -46,7 +46,9 @@ const WAITED_FOR: [&str; 9] = [
 /// reaps lazily), runsc alone would pay a second per delete that a host does not.
 ///
 /// Orphans (runsc's sandboxes, daemonized shims) are reaped at once; zombies of the programs
-/// this process runs and waits for itself only after two seconds, left to their waiter.
+/// this process runs and waits for itself only after two seconds, left to their waiter. Each
+/// zombie is judged on its own: one left to its waiter never holds up the reaping of the
+/// others (`waitid(P_ALL)` would keep answering with that one).
 pub fn reap_orphans() {
     use std::collections::HashMap;
     // SAFETY: prctl with integer arguments.
@@ -54,28 +56,48 @@ pub fn reap_orphans() {
     std::thread::spawn(|| {
         let mut seen: HashMap<i32, Instant> = HashMap::new();
         loop {
-            // SAFETY: waitid fills a zeroed siginfo_t; WNOWAIT leaves the zombie in place.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            let rc =
-                unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
-            if rc != 0 {
-                std::thread::sleep(Duration::from_millis(50)); // no children
-                continue;
+            let zombies = zombie_children();
+            seen.retain(|pid, _| zombies.iter().any(|(z, _)| z == pid));
+            for (pid, comm) in zombies {
+                let since = *seen.entry(pid).or_insert_with(Instant::now);
+                if !WAITED_FOR.contains(&comm.as_str()) || since.elapsed() > Duration::from_secs(2)
+                {
+                    // SAFETY: reaps one exited child by pid, without blocking.
+                    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+                }
             }
-            // SAFETY: waitid succeeded, so si_pid is set.
-            let pid = unsafe { info.si_pid() };
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let since = *seen.entry(pid).or_insert_with(Instant::now);
-            let waited_for = WAITED_FOR.contains(&comm.trim());
-            if !waited_for || since.elapsed() > Duration::from_secs(2) {
-                // SAFETY: reaps one exited child by pid.
-                unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
-                seen.remove(&pid);
-            } else {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     });
+}
+
+/// This process's children that have exited and wait to be reaped, with their `comm`.
+/// Orphans are adopted by any of its threads, so every thread's children are read.
+fn zombie_children() -> Vec<(i32, String)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            zombie_comm(&stat).map(|comm| (pid, comm))
+        })
+        .collect()
+}
+
+/// The `comm` of a `/proc/PID/stat` line whose state is zombie. The name is in parentheses
+/// and may hold any character, so the state is read after the last `)`.
+fn zombie_comm(stat: &str) -> Option<String> {
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let state = stat[close + 1..].split_whitespace().next()?;
+    (state == "Z").then(|| stat[open + 1..close].to_string())
 }
 
 /// CPU model and count, memory, kernel.
@@ -99,4 +121,20 @@ pub fn machine() -> String {
         mem_kb as f64 / 1e6,
         kernel.trim()
     )
+}
+
+#[cfg(test)]
+mod reaping_tests {
+    use super::zombie_comm;
+
+    #[test]
+    fn a_zombie_is_told_from_its_stat_line_whatever_its_name() {
+        assert_eq!(
+            zombie_comm("41 (exe) Z 7 41 41 0 -1").as_deref(),
+            Some("exe")
+        );
+        assert_eq!(zombie_comm("42 (a) b) Z 7 42").as_deref(), Some("a) b"));
+        assert_eq!(zombie_comm("43 (runsc) S 7 43 43 0"), None);
+        assert_eq!(zombie_comm("garbage"), None);
+    }
 }

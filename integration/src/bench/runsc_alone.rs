@@ -157,6 +157,20 @@ impl RunscAlone {
         Ok(timed(|| self.ok(&["delete", "--force", id]))?.0)
     }
 
+    /// Removes a container whose checkpoint is stopping its sandbox. As the shim does, with
+    /// `--force`: a plain delete can time out waiting for the sandbox to stop (runsc 2022,
+    /// "waiting sandbox stop: context deadline exceeded"), so it is tried a few times.
+    fn delete_stopping(&self, id: &str) -> Result<(), String> {
+        let mut last = Ok(());
+        for _ in 0..3 {
+            last = self.ok(&["delete", "--force", id]);
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
+    }
+
     /// Best effort, for cleanup.
     pub fn remove(&self, id: &str) {
         let _ = self.ok(&["delete", "--force", id]);
@@ -222,7 +236,7 @@ impl RunscAlone {
             }
             LeaveRunning::RestoreAfter => {
                 self.checkpoint(&["--image-path", &img, id])?;
-                self.ok(&["delete", id])?;
+                self.delete_stopping(id)?;
                 self.restore_untimed(bundle, image, id)
             }
         })?
@@ -235,7 +249,7 @@ impl RunscAlone {
         Ok(timed(|| {
             self.checkpoint(&["--image-path", &img, id])?;
             // Current runsc may still read the container as running while its sandbox exits.
-            self.ok(&["delete", "--force", id])
+            self.delete_stopping(id)
         })?
         .0)
     }
