@@ -40,12 +40,13 @@ pub fn now() -> String {
 /// A snapshot whose record exists, before its checkpoint.
 pub struct Begun {
     pub snap: Snapshot,
-    base: Descriptor,
+    /// What the record points at until the snapshot is completed (see [`placeholder`]).
+    held: Descriptor,
 }
 
 /// Checks sandbox `id` and makes the snapshot's record, with `status` (`pending` when the
-/// checkpoint is left to a background process, else `in_progress`). The record points at the
-/// base image until the checkpoint is stored, which also keeps that image alive.
+/// checkpoint is left to a background process, else `in_progress`). Until the checkpoint is
+/// stored the record points at a placeholder that keeps the base image alive.
 pub fn begin(
     client: &mut Client,
     id: &str,
@@ -101,6 +102,14 @@ pub fn begin_named(
             "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
         ).into());
     }
+    // Refused here too (the shim refuses it), so that no failed record is left of it.
+    if let Some(pod) = pod_of_member(&container) {
+        return Err(format!(
+            "container {id} is one of a pod's: a checkpoint is of the whole sandbox, taken \
+             through the pod's sandbox container {pod} (chalkctl snapshot create --id {pod})"
+        )
+        .into());
+    }
     let (image, base) = base_image(client, &container.image)?;
     let created = now();
     let snap = Snapshot {
@@ -118,8 +127,55 @@ pub fn begin_named(
         given_name: name.map(String::from),
         labels: labels.into_iter().collect(),
     };
-    client.create_image(record(&snap, base.clone()))?;
-    Ok(Begun { snap, base })
+    let held = create_record(client, &snap, &base)?;
+    Ok(Begun { snap, held })
+}
+
+/// Makes the record of snapshot `snap`, not yet completed, on base image `base`; returns the
+/// placeholder it points at.
+pub(crate) fn create_record(
+    client: &Client,
+    snap: &Snapshot,
+    base: &Descriptor,
+) -> Result<Descriptor> {
+    // The placeholder is held until the record refers to it.
+    let lease = format!("chalkctl-record-{}", std::process::id());
+    client.under_own_lease(&lease, || {
+        let held = placeholder(client, base)?;
+        client.create_image(record(snap, held.clone()))?;
+        Ok(held)
+    })
+}
+
+/// The pod sandbox of a container that CRI made in a pod (not the pod's own sandbox).
+fn pod_of_member(container: &containerd_client::services::v1::Container) -> Option<String> {
+    use chalk_runtime::spec::{CRI_CONTAINER_TYPE, CRI_SANDBOX_ID};
+    let notes = &crate::sandboxes::spec_of(container)["annotations"];
+    (notes[CRI_CONTAINER_TYPE] == "container")
+        .then(|| notes[CRI_SANDBOX_ID].as_str().map(String::from))
+        .flatten()
+}
+
+/// The media type of what a snapshot's record points at before it is completed.
+pub const PLACEHOLDER: &str = "application/vnd.chalk.snapshot.placeholder.v1+json";
+
+/// The blob a snapshot's record points at until it is completed (and after it failed): it
+/// names the base image, and its label keeps that image from containerd's garbage collector.
+/// The record does not point at the base image itself: containerd's CRI (1.6 and 1.7) reads
+/// every record in `k8s.io` that resolves to an image as another name of that image, sorts
+/// it first among the names, and then starts pods on the pause image through the record.
+/// A placeholder, like a completed record's index, resolves to no image, so CRI leaves it.
+fn placeholder(client: &Client, base: &Descriptor) -> Result<Descriptor> {
+    let body = json!({
+        "mediaType": PLACEHOLDER,
+        "base": {"mediaType": base.media_type, "digest": base.digest, "size": base.size},
+    });
+    let bytes = serde_json::to_vec(&body).map_err(|e| Error::from(e.to_string()))?;
+    client.write_blob(
+        PLACEHOLDER,
+        bytes,
+        HashMap::from([(BASE_REF.to_string(), base.digest.clone())]),
+    )
 }
 
 /// The image a sandbox runs, as the name a snapshot records and the descriptor of its
@@ -161,15 +217,15 @@ pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descripto
 pub fn pending(client: &Client, name: &str) -> Result<Begun> {
     let image = client.image(name)?;
     let labels = image.labels.clone().into_iter().collect();
-    let base = image
+    let held = image
         .target
         .ok_or_else(|| Error::from(format!("snapshot {name} has no target")))?;
-    let snap = Snapshot::from_record(name, &base.digest, &labels)
+    let snap = Snapshot::from_record(name, &held.digest, &labels)
         .ok_or_else(|| Error::from(format!("{name} is not a snapshot")))?;
     if snap.status != Status::Pending {
         return Err(format!("snapshot {name} is {}, not pending", snap.status).into());
     }
-    Ok(Begun { snap, base })
+    Ok(Begun { snap, held })
 }
 
 /// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
@@ -181,14 +237,14 @@ pub fn finish(
     suspend: bool,
     progress: &Progress,
 ) -> Result<Snapshot> {
-    let Begun { mut snap, base, .. } = begun;
+    let Begun { mut snap, held } = begun;
     let id = snap.sandbox_id.clone();
     client.lease(&lease_of(&snap.name))?;
     if snap.status != Status::InProgress {
         // A pending snapshot's taker is the process that picks it up.
         snap.status = Status::InProgress;
         snap.owner = crate::owner::me();
-        client.update_image(record(&snap, base.clone()))?;
+        client.update_image(record(&snap, held.clone()))?;
     }
     let what = if suspend {
         format!("checkpointing {id}, then stopping it")
@@ -215,7 +271,7 @@ pub fn finish(
         Err(e) => {
             snap.status = Status::Failed;
             snap.error = Some(e.to_string());
-            client.update_image(record(&snap, base))?;
+            client.update_image(record(&snap, held))?;
             Err(e)
         }
     }
@@ -471,7 +527,8 @@ pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
                 }
             }
             if s.status != Status::Completed {
-                // The target is the base image until completed.
+                // Until completed the target is a placeholder (the base image, before this
+                // build).
                 s.digest.clear();
                 s.index.clear();
             }
@@ -502,10 +559,10 @@ fn is_orphan(s: &Snapshot) -> bool {
 }
 
 /// Settles snapshot `s`, `in_progress` with nobody taking it any more (its record's target
-/// `base`): completed from the store when the shim stored it (a suspend's sandbox then reads
+/// `held`): completed from the store when the shim stored it (a suspend's sandbox then reads
 /// suspended, its task removed), left alone while a shim still writes its ingest, else
 /// failed with what happened. The dead taker's lease goes.
-fn settle(client: &Client, s: &mut Snapshot, base: &Descriptor) -> Result<()> {
+fn settle(client: &Client, s: &mut Snapshot, held: &Descriptor) -> Result<()> {
     let store = client.store()?;
     let token = Store::token(client.namespace(), &s.name);
     let taker = s.owner.as_ref().map_or("the chalkctl".to_string(), |o| {
@@ -549,7 +606,7 @@ fn settle(client: &Client, s: &mut Snapshot, base: &Descriptor) -> Result<()> {
              take it again"
         ));
         s.owner = None;
-        client.update_image(record(s, base.clone()))?;
+        client.update_image(record(s, held.clone()))?;
     }
     client.delete_lease(&lease_of(&s.name));
     Ok(())

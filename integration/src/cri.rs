@@ -5,11 +5,11 @@ use std::{collections::HashMap, path::Path, sync::Mutex, time::Duration};
 
 use containerd_client::tonic::{transport::Channel, Request};
 use k8s_cri::v1::{
-    runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerFilter,
-    ContainerMetadata, ContainerStats, ContainerStatsRequest, ContainerStatus,
-    ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStats, ContainerStatsRequest,
+    ContainerStatus, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, ListImagesRequest,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
     RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
     StopContainerRequest, StopPodSandboxRequest,
 };
@@ -318,5 +318,19 @@ impl Cri {
             let _ = std::fs::remove_dir_all(config.log_directory);
         }
         Ok(())
+    }
+
+    /// Every name CRI's ListImages gives (each image's repo tags), as the kubelet sees them.
+    pub fn image_names(&self) -> Result<Vec<String>, String> {
+        let client = &mut ImageServiceClient::new(self.channel.clone());
+        let images = self.call(
+            "ListImages",
+            client.list_images(Request::new(ListImagesRequest { filter: None })),
+        )?;
+        Ok(images
+            .images
+            .into_iter()
+            .flat_map(|i| i.repo_tags)
+            .collect())
     }
 }

@@ -103,7 +103,7 @@ pub fn pull(
     let base_desc = super::to_containerd(&base);
     image::fetch(client, &s, &r, &base_desc, &snapshotter, &mut t, progress)?;
 
-    // The record comes first, in progress and pointing at the base image, as for a snapshot
+    // The record comes first, in progress and holding the base image, as for a snapshot
     // taken here: a gc meanwhile keeps the ref it is about to get.
     let image = m
         .image
@@ -122,7 +122,7 @@ pub fn pull(
         given_name: None,
         labels: [(fork::PULLED_FROM.to_string(), r.whole())].into(),
     };
-    client.create_image(snapshots::record(&snapshot, base_desc.clone()))?;
+    snapshots::create_record(client, &snapshot, &base_desc)?;
     let token = Store::token(client.namespace(), &snapshot.name);
     let stored = (|| {
         let ingest = store
