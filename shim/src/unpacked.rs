@@ -9,6 +9,7 @@
 use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    time::{Duration, SystemTime},
 };
 
 /// The prefix containerd gives its checkpoint unpack directories (`os.MkdirTemp`).
@@ -50,6 +51,52 @@ impl Drop for UnpackedCheckpoint {
             ),
             Err(e) => log::warn!("unpacked checkpoint {} not removed: {e}", self.0.display()),
         }
+    }
+}
+
+/// How old an unpack directory must be before [`sweep_abandoned`] takes it: containerd
+/// unpacks, then starts the shim, within a second; this leaves room for a loaded host.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(600);
+
+/// Removes what containerd unpacked for restores that never reached a shim (containerd
+/// killed between its unpack and the shim's Create, or a Create that failed before the
+/// shim was started): such a directory is never removed otherwise. Only the directories
+/// [`UnpackedCheckpoint::of`] takes, older than `older_than`, that hold nothing but this
+/// runtime's pointer to a stored snapshot (no memory; a runc checkpoint is not ours).
+/// Returns how many went.
+pub fn sweep_abandoned(temp: &Path, older_than: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return 0;
+    };
+    let now = SystemTime::now();
+    let old = |dir: &Path| {
+        std::fs::symlink_metadata(dir).is_ok_and(|m| {
+            let changed = SystemTime::UNIX_EPOCH + Duration::from_secs(m.ctime().max(0) as u64);
+            now.duration_since(changed)
+                .is_ok_and(|age| age > older_than)
+        })
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|dir| old(dir) && holds_only_a_pointer(dir))
+        // Taken only now: dropping one removes it.
+        .filter_map(|dir| UnpackedCheckpoint::of(&dir, temp))
+        .map(drop)
+        .count()
+}
+
+/// Whether `dir` holds exactly one plain file, this runtime's restore pointer.
+fn holds_only_a_pointer(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    match entries.collect::<Vec<_>>().as_slice() {
+        [Ok(e)] => {
+            e.file_type().is_ok_and(|t| t.is_file())
+                && e.file_name() == chalk_runtime::snapshot::store::POINTER
+        }
+        _ => false,
     }
 }
 
@@ -98,5 +145,35 @@ mod tests {
             assert!(!ours.exists(), "removed when dropped");
         }
         assert!(other.exists() && link.exists());
+    }
+
+    #[test]
+    fn only_old_pointer_only_unpack_directories_are_swept() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // containerd's directories are root's
+        }
+        let temp = tempfile::tempdir().unwrap();
+        let t = temp.path();
+        let pointer = chalk_runtime::snapshot::store::POINTER;
+        let make = |name: &str, files: &[&str]| {
+            let d = t.join(name);
+            std::fs::create_dir(&d).unwrap();
+            for f in files {
+                std::fs::write(d.join(f), b"{}").unwrap();
+            }
+            d
+        };
+        let abandoned = make("ctrd-checkpoint1", &[pointer]);
+        let runc = make("ctrd-checkpoint2", &["pages-1.img"]);
+        let more = make("ctrd-checkpoint3", &[pointer, "extra"]);
+        let other = make("elsewhere4", &[pointer]);
+        // Too young: nothing goes.
+        assert_eq!(sweep_abandoned(t, ABANDONED_AFTER), 0);
+        assert!(abandoned.exists());
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(sweep_abandoned(t, Duration::from_millis(500)), 1);
+        assert!(!abandoned.exists(), "an old pointer-only directory goes");
+        assert!(runc.exists() && more.exists() && other.exists());
     }
 }

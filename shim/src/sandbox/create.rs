@@ -31,7 +31,7 @@ use crate::{
     io::StdioPaths,
     rootfs::{self, RootfsMount},
     runtimes::network_hint,
-    unpacked::{containerd_temp_dir, UnpackedCheckpoint},
+    unpacked::{containerd_temp_dir, sweep_abandoned, UnpackedCheckpoint, ABANDONED_AFTER},
 };
 
 /// What containerd's Create asks for.
@@ -82,6 +82,14 @@ impl Sandboxes {
         let mut unpacked = (!checkpoint.is_empty())
             .then(|| UnpackedCheckpoint::of(Path::new(&checkpoint), &containerd_temp_dir()))
             .flatten();
+        if unpacked.is_some() {
+            let swept = sweep_abandoned(&containerd_temp_dir(), ABANDONED_AFTER);
+            if swept > 0 {
+                log::info!(
+                    "removed {swept} unpacked checkpoints of restores that never reached a shim"
+                );
+            }
+        }
         let opts = options?;
         // The options may raise the shim's log level; containerd's -debug is never lowered.
         if let Some(level) = opts.log_level.as_deref().and_then(|l| l.parse().ok()) {
