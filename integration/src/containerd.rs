@@ -8,8 +8,12 @@ use std::{
     io::{self, Write},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    time::{Duration, Instant},
+    sync::Mutex,
+    time::{Duration, Instant, SystemTime},
 };
+
+/// When this process killed a containerd (see [`Containerd::left_by_a_kill`]).
+static KILLED_AT: Mutex<Vec<SystemTime>> = Mutex::new(Vec::new());
 
 /// The image every test and the demo runs.
 pub const IMAGE: &str = "docker.io/chalk/busybox:test";
@@ -306,8 +310,29 @@ impl Containerd {
 
     /// Kills the daemon (SIGKILL), leaving its shims and sandboxes without it.
     pub fn kill_daemon(&mut self) {
+        KILLED_AT.lock().unwrap().push(SystemTime::now());
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
+    }
+
+    /// Whether unpack directory `dir` is one a containerd made just before this process
+    /// killed it: containerd unpacks a checkpoint, then starts the shim, and killed in between
+    /// no shim ever learns of the directory (the shim sweeps such directories at a restore
+    /// ten minutes on). Only one that holds nothing but the runtime's pointer (no memory),
+    /// made within five seconds before a kill, counts.
+    pub fn left_by_a_kill(dir: &Path) -> bool {
+        let pointer_only = fs::read_dir(dir).is_ok_and(|d| {
+            let names: Vec<_> = d.flatten().map(|e| e.file_name()).collect();
+            names == [chalk_runtime::snapshot::store::POINTER]
+        });
+        let Some(made) = fs::metadata(dir).and_then(|m| m.created()).ok() else {
+            return false;
+        };
+        pointer_only
+            && KILLED_AT.lock().unwrap().iter().any(|&kill| {
+                kill.duration_since(made)
+                    .is_ok_and(|d| d < Duration::from_secs(5))
+            })
     }
 
     pub fn dir(&self) -> &Path {
