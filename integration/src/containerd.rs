@@ -321,10 +321,7 @@ impl Containerd {
     /// ten minutes on). Only one that holds nothing but the runtime's pointer (no memory),
     /// made within five seconds before a kill, counts.
     pub fn left_by_a_kill(dir: &Path) -> bool {
-        let pointer_only = fs::read_dir(dir).is_ok_and(|d| {
-            let names: Vec<_> = d.flatten().map(|e| e.file_name()).collect();
-            names == [chalk_runtime::snapshot::store::POINTER]
-        });
+        let pointer_only = chalk_runtime::snapshot::store::holds_only_a_pointer(dir);
         let Some(made) = fs::metadata(dir).and_then(|m| m.created()).ok() else {
             return false;
         };

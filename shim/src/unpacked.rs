@@ -79,25 +79,11 @@ pub fn sweep_abandoned(temp: &Path, older_than: Duration) -> usize {
     entries
         .flatten()
         .map(|e| e.path())
-        .filter(|dir| old(dir) && holds_only_a_pointer(dir))
+        .filter(|dir| old(dir) && chalk_runtime::snapshot::store::holds_only_a_pointer(dir))
         // Taken only now: dropping one removes it.
         .filter_map(|dir| UnpackedCheckpoint::of(&dir, temp))
         .map(drop)
         .count()
-}
-
-/// Whether `dir` holds exactly one plain file, this runtime's restore pointer.
-fn holds_only_a_pointer(dir: &Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    match entries.collect::<Vec<_>>().as_slice() {
-        [Ok(e)] => {
-            e.file_type().is_ok_and(|t| t.is_file())
-                && e.file_name() == chalk_runtime::snapshot::store::POINTER
-        }
-        _ => false,
-    }
 }
 
 /// containerd's temporary directory, as Go's `os.MkdirTemp("")` under the environment the

@@ -41,6 +41,18 @@ pub const DEFAULT_ROOT: &str = "/var/lib/chalk/snapshots";
 /// (as a tiny checkpoint tar) to restore a stored snapshot in place on any containerd.
 pub const POINTER: &str = "chalk.restore.json";
 
+/// Whether `dir` holds exactly one plain file, a [`POINTER`] (what containerd unpacks from a
+/// stored snapshot's checkpoint: no memory).
+pub fn holds_only_a_pointer(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    match entries.collect::<Vec<_>>().as_slice() {
+        [Ok(e)] => e.file_type().is_ok_and(|t| t.is_file()) && e.file_name() == POINTER,
+        _ => false,
+    }
+}
+
 /// The content of [`POINTER`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -79,11 +79,12 @@ impl Sandboxes {
             )));
         }
         // containerd's unpacked copy of a checkpoint goes whatever becomes of this request.
+        let temp = containerd_temp_dir();
         let mut unpacked = (!checkpoint.is_empty())
-            .then(|| UnpackedCheckpoint::of(Path::new(&checkpoint), &containerd_temp_dir()))
+            .then(|| UnpackedCheckpoint::of(Path::new(&checkpoint), &temp))
             .flatten();
         if unpacked.is_some() {
-            let swept = sweep_abandoned(&containerd_temp_dir(), ABANDONED_AFTER);
+            let swept = sweep_abandoned(&temp, ABANDONED_AFTER);
             if swept > 0 {
                 log::info!(
                     "removed {swept} unpacked checkpoints of restores that never reached a shim"
