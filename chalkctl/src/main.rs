@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
-use chalkctl::{
+use chalk_client::{
     attach::{self, Ended},
     client::Client,
     exec::{self, ExecOptions},

@@ -4,7 +4,7 @@
 //! its lifetime ends). Behind a trait, so the Task layer is tested without containerd.
 
 use chalk_runtime::snapshot::{manifest::ImageRef, oci::Descriptor};
-use chalkctl::client::Client;
+use chalk_client::client::Client;
 
 use crate::errors::{Result, ShimError};
 
@@ -44,7 +44,7 @@ impl Containerd {
     }
 }
 
-fn asked(e: chalkctl::Error) -> ShimError {
+fn asked(e: chalk_client::Error) -> ShimError {
     ShimError::Containerd(e)
 }
 
@@ -70,7 +70,7 @@ impl Records for Containerd {
             None
         } else {
             let (_, d) =
-                chalkctl::snapshots::base_image(&client, &container.image).map_err(asked)?;
+                chalk_client::snapshots::base_image(&client, &container.image).map_err(asked)?;
             Some(Descriptor::new(
                 &d.media_type,
                 &d.digest,

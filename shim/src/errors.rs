@@ -35,7 +35,7 @@ pub enum ShimError {
     #[error(transparent)]
     Runtime(#[from] chalk_runtime::Error),
     #[error("asking containerd: {0}")]
-    Containerd(#[from] chalkctl::Error),
+    Containerd(#[from] chalk_client::Error),
 }
 
 pub type Result<T, E = ShimError> = std::result::Result<T, E>;
@@ -135,7 +135,7 @@ mod tests {
                 Code::INVALID_ARGUMENT,
             ),
             (
-                chalkctl::Error::NotFound {
+                chalk_client::Error::NotFound {
                     what: "image x".into(),
                 }
                 .into(),

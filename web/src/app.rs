@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chalkctl::{
+use chalk_client::{
     client::{Client, Stdio},
     fork::{self, ForkOptions},
     progress::Progress,
@@ -64,8 +64,8 @@ impl ApiError {
     }
 }
 
-impl From<chalkctl::Error> for ApiError {
-    fn from(e: chalkctl::Error) -> Self {
+impl From<chalk_client::Error> for ApiError {
+    fn from(e: chalk_client::Error) -> Self {
         ApiError::new(500, e.to_string())
     }
 }
@@ -298,13 +298,13 @@ async fn blocking<T: Send + 'static>(
 
 impl App {
     /// Connects to containerd (call it outside the async runtime: the client blocks).
-    pub fn new(cfg: Config) -> chalkctl::Result<Arc<Self>> {
+    pub fn new(cfg: Config) -> chalk_client::Result<Arc<Self>> {
         let mut control = Client::connect(&cfg.address, &cfg.namespace)?;
         if let Some(c) = &cfg.runtime_config {
             control.set_config(c.clone());
         }
         let image = control.image(&cfg.image).map_err(|e| {
-            chalkctl::Error::from(format!(
+            chalk_client::Error::from(format!(
                 "{e} (the sandboxes' image {} must be in namespace {}: import or pull it, or \
                  pass --image)",
                 cfg.image, cfg.namespace
@@ -404,7 +404,7 @@ impl App {
 
     /// The spec of a new sandbox: the image's, its init a shell on a terminal, with this
     /// server's memory limit and lifetime (destroyed when it ends).
-    fn spec(&self, id: &str, config: &Value) -> chalkctl::Result<Value> {
+    fn spec(&self, id: &str, config: &Value) -> chalk_client::Result<Value> {
         let lifetime = format!("{}s", self.cfg.limits.lifetime.as_secs());
         let mut spec = run::spec(
             id,
@@ -768,10 +768,10 @@ impl App {
 
     /// Removes what an earlier run of the server left (it died without its shutdown): its
     /// sandboxes have no terminal any more.
-    pub fn reclaim(&self) -> chalkctl::Result<usize> {
+    pub fn reclaim(&self) -> chalk_client::Result<usize> {
         let client = self
             .client()
-            .map_err(|e| chalkctl::Error::from(e.message))?;
+            .map_err(|e| chalk_client::Error::from(e.message))?;
         let mut n = 0;
         let owner = self.owner();
         for c in client.containers()? {
@@ -832,7 +832,7 @@ fn split_blocking(
 /// `only_failed` those that failed (a suspend that did not happen).
 fn delete_snapshots_for(client: &Client, sandbox: &str, only_failed: bool) {
     for snap in snapshots::all(client).unwrap_or_default() {
-        let failed = snap.status == chalkctl::registry::Status::Failed;
+        let failed = snap.status == chalk_client::registry::Status::Failed;
         if snap.labels.get(SNAPSHOT_LABEL).map(String::as_str) == Some(sandbox)
             && (failed || !only_failed)
         {
@@ -844,7 +844,7 @@ fn delete_snapshots_for(client: &Client, sandbox: &str, only_failed: bool) {
 }
 
 /// The bytes of a snapshot's files (0 when its manifest cannot be read).
-fn snapshot_bytes(client: &Client, snap: &chalkctl::registry::Snapshot) -> u64 {
+fn snapshot_bytes(client: &Client, snap: &chalk_client::registry::Snapshot) -> u64 {
     snapshots::stored_manifest(client, &snap.index)
         .ok()
         .flatten()

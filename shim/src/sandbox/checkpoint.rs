@@ -32,7 +32,7 @@ use crate::{
     errors::{Result, ShimError},
     runtime_options::CheckpointRequest,
 };
-use chalkctl::snapshots::{SNAPSHOTTER_ANNOTATION, SPEC_TYPE_ANNOTATION};
+use chalk_client::snapshots::{SNAPSHOTTER_ANNOTATION, SPEC_TYPE_ANNOTATION};
 
 /// How long the sentry may take to let go of a killed exec's host files.
 const EXEC_SETTLE: Duration = Duration::from_millis(500);
