@@ -65,3 +65,13 @@ impl Progress {
         format!("{:.2}s", self.started.elapsed().as_secs_f64())
     }
 }
+
+/// `bytes` for people.
+pub fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+/// The first 12 hex digits of a digest, as `ctr` and `docker` shorten ids.
+pub fn short(digest: &str) -> &str {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    hex.get(..12).unwrap_or(hex)
+}

@@ -18,13 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-
-/// Annotation with a JSON array of hooks (only `place = "sandbox"`, and only where the
-/// options allow it).
-pub const HOOKS_ANNOTATION: &str = "chalk.io/hooks";
-/// Annotation marking a container as a GPU sandbox (`"true"`), beside NVIDIA devices in its
-/// spec or runsc's nvproxy.
-pub const GPU_ANNOTATION: &str = "chalk.io/gpu";
+pub use chalk_labels::{GPU_ANNOTATION, HOOKS_ANNOTATION};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

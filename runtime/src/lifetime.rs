@@ -5,15 +5,8 @@
 
 use std::time::Duration;
 
+pub use chalk_labels::{EXPIRES_AT_LABEL, LIFETIME_ANNOTATION, ON_TIMEOUT_ANNOTATION};
 use serde_json::Value;
-
-/// How long the sandbox may run, counted from each start (a fresh start, a fork, a resume).
-pub const LIFETIME_ANNOTATION: &str = "chalk.io/lifetime";
-/// `destroy` (the default) or `suspend`.
-pub const ON_TIMEOUT_ANNOTATION: &str = "chalk.io/on-timeout";
-/// Set on the container record by the shim when the sandbox starts: when its lifetime ends
-/// (RFC 3339, UTC).
-pub const EXPIRES_AT_LABEL: &str = "chalk.io/expires-at";
 
 /// The longest lifetime accepted: a year (longer is a typo, or means none).
 const MAX: Duration = Duration::from_secs(366 * 24 * 3600);

@@ -1,16 +1,12 @@
 //! Small readers over OCI runtime spec JSON shared by the modules that inspect specs.
 
+pub use chalk_labels::PRIVATE_MOUNTS_OF;
 use serde_json::Value;
 
 /// containerd's CRI plugin marks each container of a pod with these annotations; runsc reads
 /// the same ones to decide whether a container makes a sandbox or joins one.
 pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
-
-/// Set on a fork's containers by chalkctl: the id of the pod the snapshot was taken from. The
-/// shim copies that pod's own bind-mounted files (hosts, resolv.conf, shm...) for the fork
-/// instead of sharing them with the source.
-pub const PRIVATE_MOUNTS_OF: &str = "chalk.io/private-mounts-of";
 
 /// The strings of a JSON array (a capability set, args, env); empty when absent.
 pub fn strings(v: &Value) -> Vec<String> {

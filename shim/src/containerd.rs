@@ -3,8 +3,8 @@
 //! refuses an image whose name now points at another digest) and a label on its record (when
 //! its lifetime ends). Behind a trait, so the Task layer is tested without containerd.
 
+use chalk_client::containerd::Client;
 use chalk_runtime::snapshot::{manifest::ImageRef, oci::Descriptor};
-use chalk_client::client::Client;
 
 use crate::errors::{Result, ShimError};
 
@@ -69,8 +69,8 @@ impl Records for Containerd {
         let base = if container.image.is_empty() {
             None
         } else {
-            let (_, d) =
-                chalk_client::snapshots::base_image(&client, &container.image).map_err(asked)?;
+            let (_, d) = chalk_client::records::snapshots::base_image(&client, &container.image)
+                .map_err(asked)?;
             Some(Descriptor::new(
                 &d.media_type,
                 &d.digest,

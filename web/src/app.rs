@@ -11,10 +11,13 @@ use std::{
 };
 
 use chalk_client::{
-    client::{Client, Stdio},
-    fork::{self, ForkOptions},
+    containerd::{Client, Stdio},
+    ops::{
+        fork::{self, ForkOptions},
+        resume, run, snapshot,
+    },
     progress::Progress,
-    run, snapshots,
+    records::{registry, snapshots},
 };
 use serde_json::{json, Value};
 use tokio::{net::unix::pipe, sync::broadcast, task::JoinHandle};
@@ -28,7 +31,7 @@ use crate::{
 
 /// On every container the server makes, its value the server's state directory (one per
 /// server): what a server reclaims at start is only its own.
-pub const OWNER_LABEL: &str = "chalk.io/web";
+pub const OWNER_LABEL: &str = chalk_labels::WEB_OWNER_LABEL;
 /// On every snapshot the server takes: the sandbox it was taken for (deleted when unused)...
 const SNAPSHOT_LABEL: &str = "chalk-web";
 /// ... and the server that took it (its state directory).
@@ -539,7 +542,7 @@ impl App {
             let mut client = app.client()?;
             let started = Instant::now();
             let labels = app.snapshot_labels(&sid);
-            let taken = snapshots::create(&mut client, &sid, labels, true, &Progress::quiet());
+            let taken = snapshot::create(&mut client, &sid, labels, true, &Progress::quiet());
             let snap = match taken {
                 Ok(s) => s,
                 Err(e) => {
@@ -605,7 +608,7 @@ impl App {
         let (pid, ms, expires) = blocking(move || {
             let mut client = app.client()?;
             let started = Instant::now();
-            let (digest, pid) = fork::resume_with(
+            let (digest, pid) = resume::resume_with(
                 &mut client,
                 &id,
                 Some((&stdio, Some(size))),
@@ -807,7 +810,7 @@ fn split_blocking(
 ) -> ApiResult<(u32, Value, Option<String>)> {
     let started = Instant::now();
     let labels = app.snapshot_labels(new);
-    let snap = snapshots::create(client, from, labels, false, &Progress::quiet())?;
+    let snap = snapshot::create(client, from, labels, false, &Progress::quiet())?;
     let snapshot_ms = millis(started);
     let bytes = snapshot_bytes(client, &snap);
     let restoring = Instant::now();
@@ -832,7 +835,7 @@ fn split_blocking(
 /// `only_failed` those that failed (a suspend that did not happen).
 fn delete_snapshots_for(client: &Client, sandbox: &str, only_failed: bool) {
     for snap in snapshots::all(client).unwrap_or_default() {
-        let failed = snap.status == chalk_client::registry::Status::Failed;
+        let failed = snap.status == registry::Status::Failed;
         if snap.labels.get(SNAPSHOT_LABEL).map(String::as_str) == Some(sandbox)
             && (failed || !only_failed)
         {
@@ -844,7 +847,7 @@ fn delete_snapshots_for(client: &Client, sandbox: &str, only_failed: bool) {
 }
 
 /// The bytes of a snapshot's files (0 when its manifest cannot be read).
-fn snapshot_bytes(client: &Client, snap: &chalk_client::registry::Snapshot) -> u64 {
+fn snapshot_bytes(client: &Client, snap: &registry::Snapshot) -> u64 {
     snapshots::stored_manifest(client, &snap.index)
         .ok()
         .flatten()

@@ -10,7 +10,7 @@ use std::{
     sync::Arc,
 };
 
-use chalk_client::client::Stdio;
+use chalk_client::containerd::Stdio;
 use tokio::net::unix::pipe;
 
 /// The fifos of one task; removed with their directory when dropped.

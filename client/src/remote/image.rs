@@ -10,7 +10,7 @@ use oci_client::Reference;
 use serde_json::Value;
 
 use super::{session::Session, Transfer};
-use crate::{client::Client, fork, progress::Progress, snapshots, Error, Result};
+use crate::{containerd::Client, ops::fork, progress::Progress, records::snapshots, Error, Result};
 
 const MANIFEST_TYPES: &[&str] = &[
     "application/vnd.oci.image.manifest.v1+json",
@@ -60,7 +60,7 @@ pub fn push(
     } else {
         progress.step(&format!(
             "the registry lacks base image {}: pushing it",
-            fork::short(&d.digest)
+            crate::progress::short(&d.digest)
         ));
         for b in blobs_of(&manifest) {
             if s.has_blob(r, &b.digest)? {
@@ -131,7 +131,7 @@ pub fn fetch(
     if !missing.is_empty() {
         progress.step(&format!(
             "fetching base image {} ({} blob(s))",
-            fork::short(&d.digest),
+            crate::progress::short(&d.digest),
             missing.len()
         ));
     }
@@ -205,11 +205,14 @@ fn unpack(
         // Held first, then looked up: what is found stays until the record names it.
         client.hold(&format!("snapshots/{snapshotter}"), chain)?;
         if !client.snapshot_exists(snapshotter, chain)? {
-            progress.step(&format!("unpacking layer {}", fork::short(&layer.digest)));
+            progress.step(&format!(
+                "unpacking layer {}",
+                crate::progress::short(&layer.digest)
+            ));
             let key = format!(
                 "chalkctl-unpack-{}-{}",
                 std::process::id(),
-                fork::short(chain)
+                crate::progress::short(chain)
             );
             let applied = client
                 .prepare_mounts(snapshotter, &key, &parent)

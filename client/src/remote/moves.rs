@@ -12,12 +12,8 @@ use super::{
     Access,
 };
 use crate::{
-    client::Client,
-    fork,
-    progress::Progress,
-    registry::Snapshot,
-    snapshots::{self, RELEASED_TO, SUSPENDED_FROM},
-    Error, Result,
+    containerd::Client, progress::Progress, records::registry::Snapshot, records::snapshots, Error,
+    Result,
 };
 
 pub struct Suspended {
@@ -39,7 +35,7 @@ pub fn suspend_to(
 ) -> Result<Suspended> {
     // A reference that cannot be used is refused before the sandbox stops.
     super::reference(to)?;
-    let snapshot = snapshots::create(client, id, Vec::new(), true, progress)?;
+    let snapshot = crate::ops::snapshot::create(client, id, Vec::new(), true, progress)?;
     let pushed = push::push(client, access, &snapshot.digest, to, progress).map_err(|e| {
         Error::from(format!(
             "{id} is suspended here, but its snapshot was not pushed: {e} (push it with \
@@ -48,11 +44,11 @@ pub fn suspend_to(
         ))
     })?;
     let released = if release {
-        client.set_container_label(id, RELEASED_TO, Some(&pushed.reference))?;
+        client.set_container_label(id, chalk_labels::RELEASED_TO, Some(&pushed.reference))?;
         let gc = snapshots::delete(client, &snapshot)?;
         progress.step(&format!(
             "released the local copy ({} freed): {id} resumes from {}",
-            snapshots::megabytes(gc.bytes_freed),
+            crate::progress::megabytes(gc.bytes_freed),
             pushed.reference
         ));
         Some(gc)
@@ -98,17 +94,17 @@ pub fn resume_from(
             )
             .into());
         }
-        let pid = fork::resume_here(client, &pulled.snapshot, keep, progress)?;
+        let pid = crate::ops::resume::resume_here(client, &pulled.snapshot, keep, progress)?;
         return Ok((pulled.snapshot.digest.clone(), pid, Some(pulled)));
     };
-    let Some(wanted) = container.labels.get(SUSPENDED_FROM).cloned() else {
+    let Some(wanted) = container.labels.get(chalk_labels::SUSPENDED_FROM).cloned() else {
         return Err(format!("sandbox {id} is not suspended").into());
     };
     let mut pulled = None;
     if snapshots::find(client, &wanted).is_err() {
         let reference = from
             .map(String::from)
-            .or_else(|| container.labels.get(RELEASED_TO).cloned())
+            .or_else(|| container.labels.get(chalk_labels::RELEASED_TO).cloned())
             .ok_or_else(|| {
                 Error::from(format!(
                     "the snapshot {id} resumes from ({wanted}) is not on this host: give \
@@ -125,7 +121,7 @@ pub fn resume_from(
         }
         pulled = Some(got);
     }
-    let (digest, pid) = fork::resume(client, id, keep, progress)?;
-    client.set_container_label(id, RELEASED_TO, None)?;
+    let (digest, pid) = crate::ops::resume::resume(client, id, keep, progress)?;
+    client.set_container_label(id, chalk_labels::RELEASED_TO, None)?;
     Ok((digest, pid, pulled))
 }

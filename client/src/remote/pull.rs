@@ -15,11 +15,11 @@ use oci_client::RegistryOperation;
 
 use super::{hosts::Use, image, session, Access, Transfer};
 use crate::{
-    client::Client,
-    fork,
+    containerd::Client,
+    progress::megabytes,
     progress::Progress,
-    registry::{self, Snapshot, Status},
-    snapshots::{self, megabytes},
+    records::registry::{self, Snapshot, Status},
+    records::snapshots,
     Error, Result,
 };
 
@@ -62,7 +62,10 @@ pub fn pull(
     let store = client.store()?;
     if let Ok(existing) = snapshots::find(client, &id) {
         if existing.status == Status::Completed && store.open_snapshot(&id).is_ok() {
-            progress.step(&format!("snapshot {} is already here", fork::short(&id)));
+            progress.step(&format!(
+                "snapshot {} is already here",
+                crate::progress::short(&id)
+            ));
             return Ok(Pulled {
                 snapshot: existing,
                 transfer: Transfer::default(),
@@ -84,16 +87,16 @@ pub fn pull(
     let spec = s.blob(&r, &layout.spec.digest, SMALL)?;
     let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
 
-    let name = registry::record_name(&m.source.sandbox_id, &snapshots::now());
+    let name = registry::record_name(&m.source.sandbox_id, &crate::clock::now());
     client.lease(&format!(
         "chalkctl-pull-{}-{}",
-        fork::short(&id),
+        crate::progress::short(&id),
         std::process::id()
     ))?;
     let mut t = Transfer::default();
     let snapshotter = oci_manifest
         .annotations
-        .get(snapshots::SNAPSHOTTER_ANNOTATION)
+        .get(chalk_labels::SNAPSHOTTER_ANNOTATION)
         .cloned()
         .unwrap_or_else(|| "overlayfs".to_string());
     let base = layout
@@ -115,12 +118,12 @@ pub fn pull(
         index: String::new(),
         sandbox_id: m.source.sandbox_id.clone(),
         status: Status::InProgress,
-        created: snapshots::now(),
+        created: crate::clock::now(),
         error: None,
         base_image: Some(format!("{image}@{}", base.digest)),
-        owner: crate::owner::me(),
+        owner: crate::records::owner::me(),
         given_name: None,
-        labels: [(fork::PULLED_FROM.to_string(), r.whole())].into(),
+        labels: [(crate::records::registry::PULLED_FROM.to_string(), r.whole())].into(),
     };
     snapshots::create_record(client, &snapshot, &base_desc)?;
     let token = Store::token(client.namespace(), &snapshot.name);
@@ -160,7 +163,7 @@ pub fn pull(
     }
     progress.step(&format!(
         "pulled {} ({} fetched, {} already here)",
-        fork::short(&id),
+        crate::progress::short(&id),
         megabytes(t.bytes_moved),
         megabytes(t.bytes_present)
     ));

@@ -8,12 +8,8 @@ use serde_json::{json, Value};
 
 use super::{hosts::Use, image, session, Access, Transfer};
 use crate::{
-    client::Client,
-    fork,
-    progress::Progress,
-    registry::Status,
-    snapshots::{self, megabytes},
-    Error, Result,
+    containerd::Client, progress::megabytes, progress::Progress, records::registry::Status,
+    records::snapshots, Error, Result,
 };
 
 pub struct Pushed {
@@ -100,7 +96,7 @@ pub fn push(
     }
     progress.step(&format!(
         "pushed {} to {} ({} sent, {} already there)",
-        fork::short(&id),
+        crate::progress::short(&id),
         r.whole(),
         megabytes(t.bytes_moved),
         megabytes(t.bytes_present)

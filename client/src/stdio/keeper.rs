@@ -35,12 +35,9 @@ use super::{
     state::{self, SandboxDir},
 };
 use crate::{
-    client::{Client, Stdio},
+    containerd::{Client, Stdio},
     Error, Result,
 };
-
-/// Marks a container whose stdio chalkctl keeps (its forks and resumes get a keeper too).
-pub const STDIO_LABEL: &str = "chalk.io/stdio";
 
 /// How to start keepers: this chalkctl, its containerd and namespace, its state root.
 #[derive(Clone, Debug)]
@@ -446,7 +443,7 @@ fn keep(held: &Held, address: &str, namespace: &str, id: &str) {
     // Before the clients are let go: an attached one reads it when its stream ends.
     let _ = std::fs::write(
         held.dir.exit(),
-        serde_json::to_vec(&json!({"exit_status": status, "at": crate::snapshots::now()}))
+        serde_json::to_vec(&json!({"exit_status": status, "at": crate::clock::now()}))
             .unwrap_or_default(),
     );
     for c in clients.lock().unwrap().drain(..) {

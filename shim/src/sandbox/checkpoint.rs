@@ -32,7 +32,10 @@ use crate::{
     errors::{Result, ShimError},
     runtime_options::CheckpointRequest,
 };
-use chalk_client::snapshots::{SNAPSHOTTER_ANNOTATION, SPEC_TYPE_ANNOTATION};
+use chalk_labels::{
+    KIND_ANNOTATION, NAMESPACE_ANNOTATION, SANDBOX_ANNOTATION, SNAPSHOTTER_ANNOTATION,
+    SPEC_TYPE_ANNOTATION,
+};
 
 /// How long the sentry may take to let go of a killed exec's host files.
 const EXEC_SETTLE: Duration = Duration::from_millis(500);
@@ -224,16 +227,10 @@ impl Sandboxes {
     ) -> Result<Committed> {
         let facts = self.records().snapshot_facts(&c.id)?;
         let annotations = BTreeMap::from([
+            (KIND_ANNOTATION.to_string(), kind.as_str().to_string()),
+            (SANDBOX_ANNOTATION.to_string(), c.sandbox_id.clone()),
             (
-                "io.chalk.snapshot.kind".to_string(),
-                kind.as_str().to_string(),
-            ),
-            (
-                "io.chalk.snapshot.sandbox".to_string(),
-                c.sandbox_id.clone(),
-            ),
-            (
-                "io.chalk.snapshot.namespace".to_string(),
+                NAMESPACE_ANNOTATION.to_string(),
                 self.namespace().to_string(),
             ),
             (

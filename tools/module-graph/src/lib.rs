@@ -49,11 +49,7 @@ pub fn assert_acyclic(src: &Path) -> Graph {
     let g = of_crate(src);
     assert!(!g.is_empty(), "no modules found under {}", src.display());
     if let Some(cycle) = find_cycle_at_any_depth(&g) {
-        panic!(
-            "module cycle in {}: {}",
-            src.display(),
-            cycle.join(" -> ")
-        );
+        panic!("module cycle in {}: {}", src.display(), cycle.join(" -> "));
     }
     g
 }
@@ -261,7 +257,12 @@ mod tests {
     #[test]
     fn a_cycle_between_folders_is_found_at_their_depth() {
         // a::x -> b::y and b::z -> a::w: no file cycle, but the folders a and b use each other.
-        let g = graph(&[("a::x", &["b::y"]), ("b::z", &["a::w"]), ("a::w", &[]), ("b::y", &[])]);
+        let g = graph(&[
+            ("a::x", &["b::y"]),
+            ("b::z", &["a::w"]),
+            ("a::w", &[]),
+            ("b::y", &[]),
+        ]);
         assert_eq!(find_cycle(&g), None);
         assert_eq!(find_cycle_at_any_depth(&g).unwrap(), ["a", "b", "a"]);
     }
@@ -270,9 +271,15 @@ mod tests {
     fn paths_resolve_to_the_longest_known_module() {
         let known: BTreeSet<String> = ["a", "a::b", "c"].map(String::from).into();
         let p = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
-        assert_eq!(resolve("c", &p("crate::a::b::Item"), &known).unwrap(), "a::b");
+        assert_eq!(
+            resolve("c", &p("crate::a::b::Item"), &known).unwrap(),
+            "a::b"
+        );
         assert_eq!(resolve("a::b", &p("super::Thing"), &known).unwrap(), "a");
-        assert_eq!(resolve("a::b", &p("super::super::c::f"), &known).unwrap(), "c");
+        assert_eq!(
+            resolve("a::b", &p("super::super::c::f"), &known).unwrap(),
+            "c"
+        );
         assert_eq!(resolve("c", &p("std::fs::read"), &known), None);
         assert!(related("a::b", "a") && related("a", "a::b") && !related("a", "ab"));
     }
@@ -287,7 +294,13 @@ mod tests {
         let mut paths = Paths::default();
         paths.visit_file(&file);
         let found: BTreeSet<String> = paths.found.iter().map(|p| p.join("::")).collect();
-        for p in ["crate::a", "crate::b::c", "crate::b::d", "crate::f", "crate::g::h"] {
+        for p in [
+            "crate::a",
+            "crate::b::c",
+            "crate::b::d",
+            "crate::f",
+            "crate::g::h",
+        ] {
             assert!(found.contains(p), "{p} missing from {found:?}");
         }
         assert!(!found.iter().any(|p| p.contains("crate::t")), "{found:?}");

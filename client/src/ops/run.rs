@@ -11,9 +11,9 @@ use containerd_client::services::v1::{container::Runtime, Container};
 use serde_json::{json, Value};
 
 use crate::{
-    client::{Client, Result, Stdio},
-    fork::image_config,
-    snapshots::RUNTIME,
+    containerd::RUNTIME,
+    containerd::{Client, Result, Stdio},
+    ops::fork::image_config,
     Error,
 };
 

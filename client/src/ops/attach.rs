@@ -12,9 +12,8 @@ use std::{
 use nix::sys::signal::Signal;
 
 use crate::{
-    client::Client,
-    sandboxes::spec_of,
-    snapshots::SUSPENDED_FROM,
+    containerd::spec_of,
+    containerd::Client,
     stdio::{detach::Detach, keeper, state::SandboxDir, tty},
     Error, Result,
 };
@@ -46,7 +45,7 @@ pub fn attach(client: &Client, dir: &SandboxDir, id: &str) -> Result<Ended> {
                  by chalkctl run, fork or resume): use ctr task attach"
             ),
             Some(s) => format!("sandbox {id} is {s}: there is nothing to attach to"),
-            None if container.labels.contains_key(SUSPENDED_FROM) => {
+            None if container.labels.contains_key(chalk_labels::SUSPENDED_FROM) => {
                 format!("sandbox {id} is suspended: chalkctl resume --id {id}, then attach")
             }
             None => format!("sandbox {id} is not running: there is nothing to attach to"),
@@ -130,7 +129,7 @@ pub fn attach(client: &Client, dir: &SandboxDir, id: &str) -> Result<Ended> {
             for _ in 0..10 {
                 let suspended = client
                     .container(id)
-                    .is_ok_and(|c| c.labels.contains_key(SUSPENDED_FROM));
+                    .is_ok_and(|c| c.labels.contains_key(chalk_labels::SUSPENDED_FROM));
                 if suspended {
                     return Ok(Ended::Suspended);
                 }

@@ -1,6 +1,8 @@
-//! `chalkctl snapshot ...`: snapshots as labelled checkpoint images in containerd's image
-//! store, in the index format `ctr container restore` reads.
+//! Snapshot records: labelled images in containerd's image store, in the index format
+//! `ctr container restore` reads, each naming a snapshot in the shim's store; listed, found,
+//! settled, deleted and collected here.
 
+use crate::containerd::RUNTIME;
 use std::collections::HashMap;
 
 use chalk_runtime::snapshot::{
@@ -10,151 +12,18 @@ use chalk_runtime::snapshot::{
     Manifest,
 };
 
-use crate::registry::{self, Filter, Snapshot, Status};
+use crate::records::registry::{self, Filter, Snapshot, Status};
 use containerd_client::{services::v1::Image, types::Descriptor};
 use serde_json::{json, Value};
 
 use crate::{
-    client::{runtime_name, Client, Result},
-    progress::Progress,
+    containerd::{Client, Result},
     Error,
 };
 
-pub const RUNTIME: &str = "io.containerd.chalk.v1";
 pub const CHECKPOINT_TAR: &str = "application/vnd.containerd.container.criu.checkpoint.criu.tar";
 pub const CHECKPOINT_SPEC: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
-/// Set on a sandbox's spec before each checkpoint: containerd 1.6 refuses to store a spec it
-/// already holds ("already exists"), which would allow one snapshot per sandbox there.
-const CHECKPOINT_ANNOTATION: &str = "chalk.io/checkpointed-at";
-
-/// Now, RFC 3339 with milliseconds: it orders the registry and names records.
-pub fn now() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = chalk_runtime::snapshot::manifest::rfc3339_at(d.as_secs());
-    format!("{}.{:03}Z", secs.trim_end_matches('Z'), d.subsec_millis())
-}
-
-/// A snapshot whose record exists, before its checkpoint.
-pub struct Begun {
-    pub snap: Snapshot,
-    /// What the record points at until the snapshot is completed (see [`placeholder`]).
-    held: Descriptor,
-}
-
-/// Checks sandbox `id` and makes the snapshot's record, with `status` (`pending` when the
-/// checkpoint is left to a background process, else `in_progress`). Until the checkpoint is
-/// stored the record points at a placeholder that keeps the base image alive.
-pub fn begin(
-    client: &mut Client,
-    id: &str,
-    labels: Vec<(String, String)>,
-    status: Status,
-) -> Result<Begun> {
-    begin_named(client, id, labels, None, status)
-}
-
-/// As [`begin`], the snapshot given `name` (refused when another snapshot has it).
-pub fn begin_named(
-    client: &mut Client,
-    id: &str,
-    labels: Vec<(String, String)>,
-    name: Option<&str>,
-    status: Status,
-) -> Result<Begun> {
-    if let Some(name) = name {
-        crate::names::check(name)?;
-        if let Some(other) = all(client)?
-            .iter()
-            .find(|s| s.given_name.as_deref() == Some(name))
-        {
-            return Err(format!(
-                "snapshot name {name} is taken (by {}): choose another, or delete that one",
-                if other.digest.is_empty() {
-                    &other.name
-                } else {
-                    &other.digest
-                }
-            )
-            .into());
-        }
-    }
-    if labels.len() > registry::MAX_USER_LABELS {
-        return Err(format!(
-            "{} labels: a snapshot carries at most {}",
-            labels.len(),
-            registry::MAX_USER_LABELS
-        )
-        .into());
-    }
-    let container = client.container(id)?;
-    if runtime_name(&container) != RUNTIME {
-        return Err(format!(
-            "sandbox {id} runs {:?}, not {RUNTIME}: only chalk sandboxes can be snapshotted",
-            runtime_name(&container)
-        )
-        .into());
-    }
-    if container.image.is_empty() {
-        return Err(format!(
-            "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
-        ).into());
-    }
-    // Refused here too (the shim refuses it), so that no failed record is left of it.
-    if let Some(pod) = pod_of_member(&container) {
-        return Err(format!(
-            "container {id} is one of a pod's: a checkpoint is of the whole sandbox, taken \
-             through the pod's sandbox container {pod} (chalkctl snapshot create --id {pod})"
-        )
-        .into());
-    }
-    let (image, base) = base_image(client, &container.image)?;
-    let created = now();
-    let snap = Snapshot {
-        name: registry::record_name(id, &created),
-        digest: String::new(),
-        index: String::new(),
-        sandbox_id: id.to_string(),
-        status,
-        created,
-        error: None,
-        base_image: Some(format!("{image}@{}", base.digest)),
-        owner: (status == Status::InProgress)
-            .then(crate::owner::me)
-            .flatten(),
-        given_name: name.map(String::from),
-        labels: labels.into_iter().collect(),
-    };
-    let held = create_record(client, &snap, &base)?;
-    Ok(Begun { snap, held })
-}
-
-/// Makes the record of snapshot `snap`, not yet completed, on base image `base`; returns the
-/// placeholder it points at.
-pub(crate) fn create_record(
-    client: &Client,
-    snap: &Snapshot,
-    base: &Descriptor,
-) -> Result<Descriptor> {
-    // The placeholder is held until the record refers to it.
-    let lease = format!("chalkctl-record-{}", std::process::id());
-    client.under_own_lease(&lease, || {
-        let held = placeholder(client, base)?;
-        client.create_image(record(snap, held.clone()))?;
-        Ok(held)
-    })
-}
-
-/// The pod sandbox of a container that CRI made in a pod (not the pod's own sandbox).
-fn pod_of_member(container: &containerd_client::services::v1::Container) -> Option<String> {
-    use chalk_runtime::spec::{CRI_CONTAINER_TYPE, CRI_SANDBOX_ID};
-    let notes = &crate::sandboxes::spec_of(container)["annotations"];
-    (notes[CRI_CONTAINER_TYPE] == "container")
-        .then(|| notes[CRI_SANDBOX_ID].as_str().map(String::from))
-        .flatten()
-}
 
 /// The media type of what a snapshot's record points at before it is completed.
 pub const PLACEHOLDER: &str = "application/vnd.chalk.snapshot.placeholder.v1+json";
@@ -165,7 +34,7 @@ pub const PLACEHOLDER: &str = "application/vnd.chalk.snapshot.placeholder.v1+jso
 /// every record in `k8s.io` that resolves to an image as another name of that image, sorts
 /// it first among the names, and then starts pods on the pause image through the record.
 /// A placeholder, like a completed record's index, resolves to no image, so CRI leaves it.
-fn placeholder(client: &Client, base: &Descriptor) -> Result<Descriptor> {
+pub(crate) fn placeholder(client: &Client, base: &Descriptor) -> Result<Descriptor> {
     let body = json!({
         "mediaType": PLACEHOLDER,
         "base": {"mediaType": base.media_type, "digest": base.digest, "size": base.size},
@@ -213,187 +82,6 @@ pub fn base_image(client: &Client, reference: &str) -> Result<(String, Descripto
     ))
 }
 
-/// Picks up a `pending` snapshot by its record name (what `--no-wait` leaves behind).
-pub fn pending(client: &Client, name: &str) -> Result<Begun> {
-    let image = client.image(name)?;
-    let labels = image.labels.clone().into_iter().collect();
-    let held = image
-        .target
-        .ok_or_else(|| Error::from(format!("snapshot {name} has no target")))?;
-    let snap = Snapshot::from_record(name, &held.digest, &labels)
-        .ok_or_else(|| Error::from(format!("{name} is not a snapshot")))?;
-    if snap.status != Status::Pending {
-        return Err(format!("snapshot {name} is {}, not pending", snap.status).into());
-    }
-    Ok(Begun { snap, held })
-}
-
-/// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
-/// with the error). With `suspend` the sandbox stops after the checkpoint, its task is removed
-/// (no runsc process is left) and its record names the snapshot it resumes from.
-pub fn finish(
-    client: &mut Client,
-    begun: Begun,
-    suspend: bool,
-    progress: &Progress,
-) -> Result<Snapshot> {
-    let Begun { mut snap, held } = begun;
-    let id = snap.sandbox_id.clone();
-    client.lease(&lease_of(&snap.name))?;
-    if snap.status != Status::InProgress {
-        // A pending snapshot's taker is the process that picks it up.
-        snap.status = Status::InProgress;
-        snap.owner = crate::owner::me();
-        client.update_image(record(&snap, held.clone()))?;
-    }
-    let what = if suspend {
-        format!("checkpointing {id}, then stopping it")
-    } else {
-        format!("checkpointing {id} (it keeps running)")
-    };
-    let index = progress.during(&what, || {
-        checkpoint_into_store(client, &id, &snap.name, &snap.created, suspend)
-    });
-    match index {
-        Ok((index, manifest, size)) => {
-            progress.step(&format!("stored {} of checkpoint", megabytes(size)));
-            snap.status = Status::Completed;
-            snap.digest = manifest;
-            snap.index = index.digest.clone();
-            client.update_image(record(&snap, index))?;
-            if suspend {
-                client.set_container_label(&id, SUSPENDED_FROM, Some(&snap.digest))?;
-                client.delete_stopped_task(&id)?;
-                progress.step(&format!("released {id}'s sandbox"));
-            }
-            Ok(snap)
-        }
-        Err(e) => {
-            snap.status = Status::Failed;
-            snap.error = Some(e.to_string());
-            client.update_image(record(&snap, held))?;
-            Err(e)
-        }
-    }
-}
-
-/// Snapshots sandbox `id` and returns the completed snapshot (see [`finish`]).
-pub fn create(
-    client: &mut Client,
-    id: &str,
-    labels: Vec<(String, String)>,
-    suspend: bool,
-    progress: &Progress,
-) -> Result<Snapshot> {
-    create_named(client, id, labels, None, suspend, progress)
-}
-
-/// As [`create`], the snapshot given `name`.
-pub fn create_named(
-    client: &mut Client,
-    id: &str,
-    labels: Vec<(String, String)>,
-    name: Option<&str>,
-    suspend: bool,
-    progress: &Progress,
-) -> Result<Snapshot> {
-    let begun = begin_named(client, id, labels, name, Status::InProgress)?;
-    progress.step(&format!("recorded {} (in_progress)", begun.snap.name));
-    finish(client, begun, suspend, progress)
-}
-
-/// Waits until snapshot `query` is completed (returned) or failed (its error), for at most
-/// `timeout`.
-pub fn wait(
-    client: &Client,
-    query: &str,
-    timeout: Option<std::time::Duration>,
-) -> Result<Snapshot> {
-    let deadline = timeout.map(|t| std::time::Instant::now() + t);
-    loop {
-        let snap = find(client, query)?;
-        match snap.status {
-            Status::Completed => return Ok(snap),
-            Status::Failed => {
-                return Err(format!(
-                    "snapshot {query} failed: {}",
-                    snap.error.as_deref().unwrap_or("no error recorded")
-                )
-                .into())
-            }
-            Status::Pending | Status::InProgress => {}
-        }
-        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-            return Err(format!(
-                "snapshot {query} is still {} after {}: wait longer (--timeout) or follow it \
-                 with chalkctl snapshot get",
-                snap.status,
-                crate::sandboxes::seconds(timeout.unwrap_or_default())
-            )
-            .into());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-}
-
-/// `bytes` for people.
-pub fn megabytes(bytes: u64) -> String {
-    format!("{:.1} MB", bytes as f64 / 1e6)
-}
-
-pub(crate) fn record(snap: &Snapshot, target: Descriptor) -> Image {
-    Image {
-        name: snap.name.clone(),
-        labels: snap.to_labels().into_iter().collect(),
-        target: Some(target),
-        created_at: None,
-        updated_at: None,
-    }
-}
-
-/// Checkpoints `id` into the snapshot store (the shim moves each file in as a blob and writes
-/// the snapshot's OCI manifest and ref), then stores the index the record points at, in the
-/// form `ctr container restore` reads: a pointer to the stored snapshot as its checkpoint
-/// (a few hundred bytes), the spec, the base image and the snapshot's OCI manifest, each kept
-/// from containerd's garbage collector by the index's labels. Returns the index, the stored
-/// snapshot's manifest digest (the snapshot's id) and the checkpoint's size.
-fn checkpoint_into_store(
-    client: &Client,
-    id: &str,
-    record: &str,
-    created: &str,
-    exit: bool,
-) -> Result<(Descriptor, String, u64)> {
-    let store = client.store()?;
-    let token = Store::token(client.namespace(), record);
-    let container = client.container(id)?;
-    // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
-    client.mark_spec(&container, CHECKPOINT_ANNOTATION, created)?;
-    let checkpointed = client.checkpoint(id, exit, Some(&store.ingest_path(&token)));
-    // The ref is written last, once every blob is in: with it, the snapshot is whole, even if
-    // containerd failed at what it did after the shim (a suspended sandbox is then not lost).
-    let found = store.find_ref(&token);
-    match (checkpointed, &found) {
-        (Err(e), None) => return Err(e),
-        (Err(e), Some(_)) => eprintln!("chalkctl: {e} (after the snapshot was stored: kept)"),
-        (Ok(_), _) => {}
-    }
-    let Some(r) = found else {
-        return Err(format!(
-            "the shim of {id} did not store the snapshot in {}: give chalkctl the runtime \
-             options the shim uses (--config, or CHALK_SHIM_CONFIG), whose [snapshot] store \
-             names the store",
-            store.root().display()
-        )
-        .into());
-    };
-    let stored = store
-        .open_snapshot(&r.manifest)
-        .map_err(|e| Error::from(e.to_string()))?;
-    let index = record_index(client, &stored, &container.snapshotter)?;
-    Ok((index, r.manifest, stored.manifest.total_size()))
-}
-
 /// Stores the index a snapshot record points at for stored snapshot `stored` (see
 /// [`checkpoint_into_store`]); the same snapshot gives the same index on every host.
 /// `snapshotter` is used when the snapshot does not name its own.
@@ -412,7 +100,7 @@ pub fn record_index(client: &Client, stored: &Stored, snapshotter: &str) -> Resu
         client.write_blob(CHECKPOINT_TAR, pointer_tar(&stored.digest)?, HashMap::new())?;
     let note = |k: &str| stored.oci.annotations.get(k).cloned().unwrap_or_default();
     let spec = prost_types::Any {
-        type_url: note(SPEC_TYPE_ANNOTATION),
+        type_url: note(chalk_labels::SPEC_TYPE_ANNOTATION),
         value: stored.spec.clone(),
     };
     let spec = client.write_blob(
@@ -425,7 +113,7 @@ pub fn record_index(client: &Client, stored: &Stored, snapshotter: &str) -> Resu
         .image
         .as_ref()
         .map_or("", |i| ImageRef::unpinned(&i.name));
-    let snapshotter = match note(SNAPSHOTTER_ANNOTATION) {
+    let snapshotter = match note(chalk_labels::SNAPSHOTTER_ANNOTATION) {
         s if s.is_empty() => snapshotter.to_string(),
         s => s,
     };
@@ -505,14 +193,17 @@ pub fn oci_arch() -> &'static str {
 }
 
 /// The lease a snapshot's checkpoint is taken under.
-fn lease_of(record: &str) -> String {
+pub(crate) fn lease_of(record: &str) -> String {
     format!("chalkctl-{}", record.replace(['/', ':'], "-"))
 }
 
 /// Every snapshot in the namespace; one left `in_progress` by a taker that is gone is
 /// settled first (see [`settle`]).
 pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
-    let images = client.images(&format!("labels.\"{}\"==true", registry::LABEL_SNAPSHOT))?;
+    let images = client.images(&format!(
+        "labels.\"{}\"==true",
+        chalk_labels::LABEL_SNAPSHOT
+    ))?;
     Ok(images
         .iter()
         .filter_map(|i| {
@@ -541,7 +232,7 @@ pub fn all(client: &Client) -> Result<Vec<Snapshot>> {
 /// taker, by an older build, after an hour).
 fn is_orphan(s: &Snapshot) -> bool {
     match &s.owner {
-        Some(o) => !crate::owner::is_alive(o),
+        Some(o) => !crate::records::owner::is_alive(o),
         None => {
             let whole = s
                 .created
@@ -589,7 +280,11 @@ fn settle(client: &Client, s: &mut Snapshot, held: &Descriptor) -> Result<()> {
         })?;
         let suspended = stored.manifest.kind == chalk_runtime::snapshot::manifest::Kind::Suspend;
         if suspended && container.is_some() {
-            client.set_container_label(&s.sandbox_id, SUSPENDED_FROM, Some(&s.digest))?;
+            client.set_container_label(
+                &s.sandbox_id,
+                chalk_labels::SUSPENDED_FROM,
+                Some(&s.digest),
+            )?;
             // The checkpoint stopped it: its task goes once containerd has its exit.
             client.delete_stopped_task(&s.sandbox_id)?;
         }
@@ -646,9 +341,12 @@ pub fn delete(client: &Client, snap: &Snapshot) -> Result<GcReport> {
         .into_iter()
         // One suspended to a registry and released resumes from there.
         .filter(|c| {
-            c.labels.get(SUSPENDED_FROM).map(String::as_str) == Some(snap.digest.as_str())
+            c.labels
+                .get(chalk_labels::SUSPENDED_FROM)
+                .map(String::as_str)
+                == Some(snap.digest.as_str())
                 && !snap.digest.is_empty()
-                && !c.labels.contains_key(RELEASED_TO)
+                && !c.labels.contains_key(chalk_labels::RELEASED_TO)
         })
         .map(|c| c.id)
         .collect();
@@ -692,17 +390,11 @@ pub fn collect(client: &Client, store: &Store) -> Result<GcReport> {
     let suspended: Vec<String> = client
         .containers()?
         .into_iter()
-        .filter(|c| !c.labels.contains_key(RELEASED_TO))
-        .filter_map(|c| c.labels.get(SUSPENDED_FROM).cloned())
+        .filter(|c| !c.labels.contains_key(chalk_labels::RELEASED_TO))
+        .filter_map(|c| c.labels.get(chalk_labels::SUSPENDED_FROM).cloned())
         .collect();
     store.gc(&suspended).map_err(|e| Error::from(e.to_string()))
 }
-
-/// The label a suspended sandbox carries: the snapshot it resumes from.
-pub const SUSPENDED_FROM: &str = "chalk.io/suspended-from";
-/// The label of a suspended sandbox whose snapshot was pushed and its local copy released:
-/// the registry reference it resumes from.
-pub const RELEASED_TO: &str = "chalk.io/released-to";
 
 /// The manifest's main fields, read from the stored checkpoint.
 pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
@@ -728,10 +420,6 @@ pub fn manifest_summary(client: &Client, snap: &Snapshot) -> Result<Value> {
         }),
     }))
 }
-
-/// The annotations of a stored snapshot's manifest that a fork is made from.
-pub const SNAPSHOTTER_ANNOTATION: &str = "io.chalk.snapshot.snapshotter";
-pub const SPEC_TYPE_ANNOTATION: &str = "io.chalk.snapshot.spec-type";
 
 /// The chalk manifest of the snapshot whose index is `digest`: from the store, or from the checkpoint tar of a
 /// snapshot taken before snapshots were stored as blobs (None if that has none, which the
@@ -809,5 +497,26 @@ pub fn to_json(s: &Snapshot) -> Value {
         "base_image": s.base_image,
         "given_name": s.given_name,
         "labels": s.labels,
+    })
+}
+
+pub(crate) fn record(snap: &Snapshot, target: Descriptor) -> Image {
+    Image {
+        name: snap.name.clone(),
+        labels: snap.to_labels().into_iter().collect(),
+        target: Some(target),
+        created_at: None,
+        updated_at: None,
+    }
+}
+/// Makes the record of snapshot `snap`, not yet completed, on base image `base`; returns the
+/// placeholder it points at.
+pub fn create_record(client: &Client, snap: &Snapshot, base: &Descriptor) -> Result<Descriptor> {
+    // The placeholder is held until the record refers to it.
+    let lease = format!("chalkctl-record-{}", std::process::id());
+    client.under_own_lease(&lease, || {
+        let held = placeholder(client, base)?;
+        client.create_image(record(snap, held.clone()))?;
+        Ok(held)
     })
 }

@@ -20,8 +20,8 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    client::{Client, Stdio},
-    sandboxes::spec_of,
+    containerd::spec_of,
+    containerd::{Client, Stdio},
     stdio::{
         pump::pump,
         state::{self, SandboxDir},
@@ -59,7 +59,7 @@ pub fn process_spec(init: &Value, cmd: &[String], opts: &ExecOptions) -> Result<
         p["cwd"] = cwd.clone().into();
     }
     let mut env = chalk_runtime::spec::strings(&p["env"]);
-    crate::run::merge_env(&mut env, &opts.env)?;
+    crate::ops::run::merge_env(&mut env, &opts.env)?;
     p["env"] = env.into();
     // The init's terminal size is not this process's.
     if let Some(o) = p.as_object_mut() {

@@ -5,10 +5,7 @@
 
 use containerd_client::services::v1::Container;
 
-use crate::{client::Client, Error, Result};
-
-/// The label holding a sandbox's (container's) or snapshot's (record's) name.
-pub const NAME_LABEL: &str = "chalk.io/name";
+use crate::{containerd::Client, Error, Result};
 
 /// Names follow containerd's rules for ids (they may become ids: `fork --name`), and a name
 /// of 12 or more hex digits is refused: it would read as a snapshot id.
@@ -62,7 +59,12 @@ pub fn pick(all: &[(String, Option<String>)], query: &str) -> Result<Option<Stri
 fn pairs(containers: &[Container]) -> Vec<(String, Option<String>)> {
     containers
         .iter()
-        .map(|c| (c.id.clone(), c.labels.get(NAME_LABEL).cloned()))
+        .map(|c| {
+            (
+                c.id.clone(),
+                c.labels.get(chalk_labels::NAME_LABEL).cloned(),
+            )
+        })
         .collect()
 }
 

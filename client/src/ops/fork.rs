@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Instant};
 
 use chalk_runtime::snapshot::{hash::sha256_hex, manifest::PodMember, Manifest};
 
-use crate::registry::{Snapshot, Status};
+use crate::records::registry::{Snapshot, Status};
 use crate::stdio::keeper::{self, Keeping};
 use containerd_client::{
     services::v1::{container::Runtime, Container},
@@ -14,16 +14,13 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::{
-    client::{Client, Result, Stdio},
+    containerd::RUNTIME,
+    containerd::{Client, Result, Stdio},
     progress::Progress,
-    snapshots::{self, CHECKPOINT_SPEC, CHECKPOINT_TAR, RUNTIME},
+    records::snapshots::{self, CHECKPOINT_SPEC, CHECKPOINT_TAR},
     Error,
 };
 
-/// Set on every fork: the snapshot it came from (its parent snapshot).
-pub const FORKED_FROM: &str = "chalk.io/forked-from";
-/// Set on every fork: the sandbox that snapshot was taken of (its parent sandbox).
-pub const PARENT_SANDBOX: &str = "chalk.io/parent-sandbox-id";
 /// containerd's garbage collector keeps the content a container's label names.
 const BASE_IMAGE_REF: &str = "containerd.io/gc.ref.content.chalk-base";
 
@@ -39,18 +36,18 @@ pub(crate) struct Parts {
     pub checkpoint: Descriptor,
     /// What only a fork needs: the sandbox the snapshot was taken of (from its record) and
     /// the other containers of its pod, recreated in each fork.
-    source: String,
-    members: Vec<PodMember>,
+    pub(crate) source: String,
+    pub(crate) members: Vec<PodMember>,
     /// What the forks change of the source's lifetime.
-    lifetime: ForkOptions,
-    spec: prost_types::Any,
-    snapshotter: String,
-    image: String,
-    base: Descriptor,
-    chain_id: String,
+    pub(crate) lifetime: ForkOptions,
+    pub(crate) spec: prost_types::Any,
+    pub(crate) snapshotter: String,
+    pub(crate) image: String,
+    pub(crate) base: Descriptor,
+    pub(crate) chain_id: String,
     /// The snapshot's chalk manifest (None for an old checkpoint without one, which the shim
     /// refuses at restore).
-    manifest: Option<Manifest>,
+    pub(crate) manifest: Option<Manifest>,
 }
 
 pub(crate) fn descriptor(v: &Value) -> Descriptor {
@@ -126,13 +123,13 @@ pub(crate) fn parts(client: &Client, digest: &str) -> Result<Parts> {
 }
 
 /// The snapshot's spec of the container, as JSON.
-fn spec_json(p: &Parts) -> Result<Value> {
+pub(crate) fn spec_json(p: &Parts) -> Result<Value> {
     serde_json::from_slice(&p.spec.value)
         .map_err(|e| Error::from(format!("the snapshot's spec: {e}")))
 }
 
 /// The pod containers a manifest records (none for a plain sandbox).
-fn pod_members(m: Option<&Manifest>) -> Result<Vec<PodMember>> {
+pub(crate) fn pod_members(m: Option<&Manifest>) -> Result<Vec<PodMember>> {
     let members = m
         .and_then(|m| m.extra.pod.clone())
         .map_or_else(Vec::new, |p| p.containers);
@@ -261,18 +258,18 @@ pub fn fork(
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
     let (snap, p) = forkable(client, query, opts, count)?;
-    let stamp: String = snapshots::now()
+    let stamp: String = crate::clock::now()
         .chars()
         .filter(char::is_ascii_digit)
         .collect();
     check_ids(id, &snap.sandbox_id, count)?;
     let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
-    let names = crate::names::numbered(opts.name.as_deref(), count);
-    crate::names::check_free(client, &names)?;
+    let names = crate::records::names::numbered(opts.name.as_deref(), count);
+    crate::records::names::check_free(client, &names)?;
     let workers = pool_size(count);
     progress.step(&format!(
         "snapshot {} of {} verified; forking {count} ({workers} at a time)",
-        short(&snap.digest),
+        crate::progress::short(&snap.digest),
         snap.sandbox_id
     ));
     // Two chalkctl processes may fork in the same millisecond: the pid keeps leases apart.
@@ -324,7 +321,10 @@ fn forkable(
         }
     }
     let mut p = parts(client, &snap.index)?;
-    if snap.labels.contains_key(PULLED_FROM) {
+    if snap
+        .labels
+        .contains_key(crate::records::registry::PULLED_FROM)
+    {
         check_foreign_spec(&spec_json(&p)?)?;
     }
     p.source = snap.sandbox_id.clone();
@@ -425,9 +425,9 @@ pub fn check_memory(each: u64, count: usize, available: Option<u64>, force: bool
         "{count} forks of this snapshot need about {count} x {} = {} of memory (each fork is \
          a full copy of the sandbox's memory), but this host has {} available (MemAvailable): \
          fork fewer, free memory, or pass --force to fork anyway",
-        snapshots::megabytes(each),
-        snapshots::megabytes(need),
-        snapshots::megabytes(available)
+        crate::progress::megabytes(each),
+        crate::progress::megabytes(need),
+        crate::progress::megabytes(available)
     )
     .into())
 }
@@ -454,12 +454,12 @@ fn one(
     if let Some(name) = name {
         container
             .labels
-            .insert(crate::names::NAME_LABEL.into(), name.into());
+            .insert(chalk_labels::NAME_LABEL.into(), name.into());
     }
     if p.lifetime.keep.is_some() {
         container
             .labels
-            .insert(keeper::STDIO_LABEL.into(), "chalkctl".into());
+            .insert(chalk_labels::STDIO_LABEL.into(), "chalkctl".into());
     }
     client.create_container(container.clone())?;
     let pid = match io {
@@ -555,7 +555,7 @@ fn set_lifetime(spec: &mut Value, opts: &ForkOptions) {
 /// sandbox it was taken of). The label on `base` keeps the image's content from containerd's
 /// garbage collector for as long as the fork exists, even once its snapshot is deleted and
 /// the tag moved: a later snapshot of the fork restores onto it.
-fn fork_container(
+pub(crate) fn fork_container(
     p: &Parts,
     id: &str,
     image: String,
@@ -566,8 +566,8 @@ fn fork_container(
     Ok(Container {
         id: id.to_string(),
         labels: HashMap::from([
-            (FORKED_FROM.to_string(), snapshot.to_string()),
-            (PARENT_SANDBOX.to_string(), p.source.clone()),
+            (chalk_labels::FORKED_FROM.to_string(), snapshot.to_string()),
+            (chalk_labels::PARENT_SANDBOX.to_string(), p.source.clone()),
             (BASE_IMAGE_REF.to_string(), base.to_string()),
         ]),
         image,
@@ -585,49 +585,19 @@ fn fork_container(
     })
 }
 
-/// Brings suspended sandbox `id` back under the same id from the snapshot it records, its
-/// stdio kept by a keeper when `keep` is given.
-pub fn resume(
-    client: &mut Client,
-    id: &str,
-    keep: Option<&Keeping>,
-    progress: &Progress,
-) -> Result<(String, u32)> {
-    let terminal = crate::sandboxes::spec_of(&client.container(id)?)["process"]["terminal"]
-        .as_bool()
-        .unwrap_or(false);
-    // A suspended sandbox's log is its own: the new keeper appends to it.
-    keeper::kept(keep, id, terminal, |io| {
-        resume_with(client, id, io, progress)
-    })
+/// Removes sandbox `id` that a fork or resume got part of the way to making: its task, its
+/// container and its root filesystem snapshot, whichever exist.
+pub(crate) fn undo(client: &Client, snapshotter: &str, id: &str) {
+    if !client.kill_and_delete_task(id) {
+        eprintln!(
+            "chalkctl: the task of {id} could not be removed: the sandbox is kept (remove it \
+             with `ctr task kill -s KILL {id}`, then `ctr container rm {id}`)"
+        );
+        return;
+    }
+    client.delete_container(id);
+    client.remove_snapshot(snapshotter, id);
 }
-
-/// As [`resume`], the restored task's stdio on `io` (its terminal sized before it runs).
-pub fn resume_with(
-    client: &mut Client,
-    id: &str,
-    io: Option<(&Stdio, Option<(u32, u32)>)>,
-    progress: &Progress,
-) -> Result<(String, u32)> {
-    let container = client.container(id)?;
-    let Some(digest) = container.labels.get(snapshots::SUSPENDED_FROM).cloned() else {
-        return Err(format!("sandbox {id} is not suspended").into());
-    };
-    let p = parts(client, &snapshots::find(client, &digest)?.index)?;
-    client.lease(&format!("chalkctl-resume-{id}"))?;
-    let pid = progress.during(
-        &format!("restoring {id} from {}", short(&digest)),
-        || match io {
-            Some((io, size)) => client.start_task_with(&container, Some(&p.checkpoint), io, size),
-            None => client.start_task(&container, Some(&p.checkpoint)),
-        },
-    )?;
-    client.set_container_label(id, snapshots::SUSPENDED_FROM, None)?;
-    Ok((digest, pid))
-}
-
-/// The user label of a snapshot pulled from a registry: where from.
-pub const PULLED_FROM: &str = "pulled-from";
 
 /// Refuses a spec that came with a snapshot from a registry when it would reach this host
 /// further than an image can: bind mounts of host paths, or joining namespaces of processes
@@ -670,92 +640,6 @@ pub fn check_foreign_spec(spec: &Value) -> Result<()> {
         what.join("; ")
     )
     .into())
-}
-
-/// Set on a sandbox made again on a host that did not know it: the snapshot it resumed from.
-pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
-
-/// Brings the sandbox snapshot `snap` was taken of back under its own id on a host that has
-/// no record of it (its suspend snapshot pulled from a registry): its container is made again
-/// from the snapshot (spec, image by digest, snapshotter) and restored. Undone whole when the
-/// restore fails.
-pub fn resume_here(
-    client: &mut Client,
-    snap: &Snapshot,
-    keep: Option<&Keeping>,
-    progress: &Progress,
-) -> Result<u32> {
-    let mut p = parts(client, &snap.index)?;
-    let spec = spec_json(&p)?;
-    check_foreign_spec(&spec)?;
-    if !pod_members(p.manifest.as_ref())?.is_empty() {
-        return Err(format!(
-            "snapshot {} is of a pod: a pod resumes on the host that ran it; fork it here \
-             instead (chalkctl fork --snapshot-id)",
-            short(&snap.digest)
-        )
-        .into());
-    }
-    let id = p
-        .manifest
-        .as_ref()
-        .map_or(snap.sandbox_id.clone(), |m| m.source.container_id.clone());
-    chalk_runtime::ids::container_id(&id).map_err(|e| Error::from(e.to_string()))?;
-    p.source = snap.sandbox_id.clone();
-    client.lease(&format!("chalkctl-resume-{id}"))?;
-    let image = format!("{}@{}", p.image, p.base.digest);
-    let mut container = fork_container(&p, &id, image, &p.base.digest, &spec, &snap.digest)?;
-    container.labels.remove(FORKED_FROM);
-    container.labels.remove(PARENT_SANDBOX);
-    container
-        .labels
-        .insert(RESUMED_FROM.to_string(), snap.digest.clone());
-    if keep.is_some() {
-        container
-            .labels
-            .insert(keeper::STDIO_LABEL.into(), "chalkctl".into());
-    }
-    client.prepare_snapshot(&p.snapshotter, &id, &p.chain_id)?;
-    if let Err(e) = client.create_container(container.clone()) {
-        client.remove_snapshot(&p.snapshotter, &id);
-        return Err(e);
-    }
-    let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
-    let started = progress.during(
-        &format!("restoring {id} from {}", short(&snap.digest)),
-        || {
-            keeper::with_keeper(client, keep, &id, terminal, |io| match io {
-                Some((io, size)) => {
-                    client.start_task_with(&container, Some(&p.checkpoint), io, size)
-                }
-                None => client.start_task(&container, Some(&p.checkpoint)),
-            })
-        },
-    );
-    if started.is_err() {
-        undo(client, &p.snapshotter, &id);
-    }
-    started
-}
-
-/// Removes sandbox `id` that a fork or resume got part of the way to making: its task, its
-/// container and its root filesystem snapshot, whichever exist.
-fn undo(client: &Client, snapshotter: &str, id: &str) {
-    if !client.kill_and_delete_task(id) {
-        eprintln!(
-            "chalkctl: the task of {id} could not be removed: the sandbox is kept (remove it \
-             with `ctr task kill -s KILL {id}`, then `ctr container rm {id}`)"
-        );
-        return;
-    }
-    client.delete_container(id);
-    client.remove_snapshot(snapshotter, id);
-}
-
-/// The first 12 hex digits of a digest, as `ctr` and `docker` shorten ids.
-pub fn short(digest: &str) -> &str {
-    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-    hex.get(..12).unwrap_or(hex)
 }
 
 #[cfg(test)]
@@ -803,7 +687,10 @@ mod tests {
 
     #[test]
     fn short_digests_keep_twelve_digits() {
-        assert_eq!(short("sha256:0123456789abcdef"), "0123456789ab");
-        assert_eq!(short("abc"), "abc");
+        assert_eq!(
+            crate::progress::short("sha256:0123456789abcdef"),
+            "0123456789ab"
+        );
+        assert_eq!(crate::progress::short("abc"), "abc");
     }
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::{
-    client::Client,
-    sandboxes::{chalk_container, seconds},
-    snapshots::SUSPENDED_FROM,
+    clock::seconds,
+    containerd::Client,
+    records::sandboxes::chalk_container,
     stdio::keeper::{self, Keeping},
     Result,
 };
@@ -53,7 +53,7 @@ pub fn remove(
         .into());
     }
     let task = client.task_status(id)?;
-    let was = match (&task, c.labels.get(SUSPENDED_FROM)) {
+    let was = match (&task, c.labels.get(chalk_labels::SUSPENDED_FROM)) {
         (Some((s, _)), _) => s.clone(),
         (None, Some(_)) => "suspended".to_string(),
         (None, None) => "stopped".to_string(),
@@ -105,7 +105,7 @@ pub fn remove(
         id: id.to_string(),
         was,
         stopped,
-        snapshot_kept: c.labels.get(SUSPENDED_FROM).cloned(),
+        snapshot_kept: c.labels.get(chalk_labels::SUSPENDED_FROM).cloned(),
     })
 }
 
@@ -119,7 +119,7 @@ fn pod_members(
         .into_iter()
         .filter(|c| c.id != id)
         .filter(|c| {
-            crate::sandboxes::spec_of(c)["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID] == id
+            crate::containerd::spec_of(c)["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID] == id
         })
         .collect())
 }

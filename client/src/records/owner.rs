@@ -1,7 +1,7 @@
 //! Which process is taking a snapshot, and whether it still lives: a record `in_progress`
 //! whose taker is gone (chalkctl killed, the host rebooted) would read so for ever.
 
-use crate::registry::Owner;
+use crate::records::registry::Owner;
 
 fn boot_id() -> Option<String> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;

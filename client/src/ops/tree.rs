@@ -7,9 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 
 use crate::{
-    client::{Client, Result},
-    fork::short,
-    sandboxes, Error,
+    containerd::{Client, Result},
+    progress::short,
+    records::sandboxes,
+    Error,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]

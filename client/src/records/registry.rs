@@ -7,22 +7,6 @@ use std::collections::BTreeMap;
 
 use crate::{Error, Result};
 
-/// Marks an image record as a chalk snapshot.
-pub const LABEL_SNAPSHOT: &str = "chalk.io/snapshot";
-pub const LABEL_SANDBOX: &str = "chalk.io/sandbox-id";
-pub const LABEL_STATUS: &str = "chalk.io/status";
-pub const LABEL_ERROR: &str = "chalk.io/error";
-pub const LABEL_CREATED: &str = "chalk.io/created";
-/// A completed snapshot's id: the digest of its OCI manifest, the same on every host (the
-/// record's target is the index that `ctr container restore` reads).
-pub const LABEL_ID: &str = "chalk.io/snapshot-id";
-/// The image the snapshot restores onto, as `name@digest`.
-pub const LABEL_BASE: &str = "chalk.io/base-image";
-/// The process taking an `in_progress` snapshot (see [`Owner`]): when it is gone and the
-/// snapshot is not stored, nothing will complete the record, and the next command settles it.
-pub const LABEL_OWNER: &str = "chalk.io/owner";
-/// User labels are stored under this prefix, so they never collide with the ones above.
-pub const USER_PREFIX: &str = "chalk.io/label.";
 /// The longest page a list returns (walk further with its cursor).
 pub const MAX_PAGE: usize = 1000;
 /// The most user labels one snapshot may carry.
@@ -131,30 +115,43 @@ impl Snapshot {
         target: &str,
         labels: &BTreeMap<String, String>,
     ) -> Option<Snapshot> {
-        if labels.get(LABEL_SNAPSHOT).map(String::as_str) != Some("true") {
+        if labels.get(chalk_labels::LABEL_SNAPSHOT).map(String::as_str) != Some("true") {
             return None;
         }
         let status = labels
-            .get(LABEL_STATUS)
+            .get(chalk_labels::LABEL_STATUS)
             .and_then(|s| Status::parse(s).ok())
             .unwrap_or(Status::Failed);
         Some(Snapshot {
             name: name.to_string(),
             digest: labels
-                .get(LABEL_ID)
+                .get(chalk_labels::LABEL_ID)
                 .cloned()
                 .unwrap_or_else(|| target.to_string()),
             index: target.to_string(),
-            sandbox_id: labels.get(LABEL_SANDBOX).cloned().unwrap_or_default(),
+            sandbox_id: labels
+                .get(chalk_labels::LABEL_SANDBOX)
+                .cloned()
+                .unwrap_or_default(),
             status,
-            created: labels.get(LABEL_CREATED).cloned().unwrap_or_default(),
-            error: labels.get(LABEL_ERROR).cloned(),
-            base_image: labels.get(LABEL_BASE).cloned(),
-            owner: labels.get(LABEL_OWNER).and_then(|o| Owner::parse(o)),
-            given_name: labels.get(crate::names::NAME_LABEL).cloned(),
+            created: labels
+                .get(chalk_labels::LABEL_CREATED)
+                .cloned()
+                .unwrap_or_default(),
+            error: labels.get(chalk_labels::LABEL_ERROR).cloned(),
+            base_image: labels.get(chalk_labels::LABEL_BASE).cloned(),
+            owner: labels
+                .get(chalk_labels::LABEL_OWNER)
+                .and_then(|o| Owner::parse(o)),
+            given_name: labels.get(chalk_labels::NAME_LABEL).cloned(),
             labels: labels
                 .iter()
-                .filter_map(|(k, v)| Some((k.strip_prefix(USER_PREFIX)?.to_string(), v.clone())))
+                .filter_map(|(k, v)| {
+                    Some((
+                        k.strip_prefix(chalk_labels::USER_PREFIX)?.to_string(),
+                        v.clone(),
+                    ))
+                })
                 .collect(),
         })
     }
@@ -164,28 +161,34 @@ impl Snapshot {
         let mut out: BTreeMap<String, String> = self
             .labels
             .iter()
-            .map(|(k, v)| (format!("{USER_PREFIX}{k}"), v.clone()))
+            .map(|(k, v)| (format!("{}{k}", chalk_labels::USER_PREFIX), v.clone()))
             .collect();
-        out.insert(LABEL_SNAPSHOT.into(), "true".into());
-        out.insert(LABEL_SANDBOX.into(), self.sandbox_id.clone());
-        out.insert(LABEL_STATUS.into(), self.status.as_str().into());
-        out.insert(LABEL_CREATED.into(), self.created.clone());
+        out.insert(chalk_labels::LABEL_SNAPSHOT.into(), "true".into());
+        out.insert(chalk_labels::LABEL_SANDBOX.into(), self.sandbox_id.clone());
+        out.insert(
+            chalk_labels::LABEL_STATUS.into(),
+            self.status.as_str().into(),
+        );
+        out.insert(chalk_labels::LABEL_CREATED.into(), self.created.clone());
         if let Some(e) = &self.error {
             // Long errors are cut to fit containerd's label limit.
-            let room = MAX_LABEL - LABEL_ERROR.len();
-            out.insert(LABEL_ERROR.into(), e.chars().take(room / 4).collect());
+            let room = MAX_LABEL - chalk_labels::LABEL_ERROR.len();
+            out.insert(
+                chalk_labels::LABEL_ERROR.into(),
+                e.chars().take(room / 4).collect(),
+            );
         }
         if let Some(b) = &self.base_image {
-            out.insert(LABEL_BASE.into(), b.clone());
+            out.insert(chalk_labels::LABEL_BASE.into(), b.clone());
         }
         if let (Some(o), Status::InProgress) = (&self.owner, self.status) {
-            out.insert(LABEL_OWNER.into(), o.to_label());
+            out.insert(chalk_labels::LABEL_OWNER.into(), o.to_label());
         }
         if !self.digest.is_empty() && self.digest != self.index {
-            out.insert(LABEL_ID.into(), self.digest.clone());
+            out.insert(chalk_labels::LABEL_ID.into(), self.digest.clone());
         }
         if let Some(n) = &self.given_name {
-            out.insert(crate::names::NAME_LABEL.into(), n.clone());
+            out.insert(chalk_labels::NAME_LABEL.into(), n.clone());
         }
         out
     }
@@ -223,7 +226,7 @@ pub fn parse_label(s: &str) -> Result<(String, String)> {
             format!("key {k:?}: letters, digits and . _ - / only"),
         ));
     }
-    if USER_PREFIX.len() + k.len() + v.len() > MAX_LABEL {
+    if chalk_labels::USER_PREFIX.len() + k.len() + v.len() > MAX_LABEL {
         return Err(Error::parse(
             "label",
             format!("{k:?}: key and value exceed containerd's {MAX_LABEL} bytes"),
@@ -311,6 +314,9 @@ fn decode_cursor(cursor: &str) -> Result<(String, String)> {
     Ok((created.to_string(), name.to_string()))
 }
 
+/// The user label of a snapshot pulled from a registry: where from.
+pub const PULLED_FROM: &str = "pulled-from";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,7 +345,7 @@ mod tests {
         s.labels.insert("team".into(), "a".into());
         s.labels.insert("status".into(), "mine".into()); // cannot clash with chalk.io/status
         let labels = s.to_labels();
-        assert_eq!(labels[LABEL_STATUS], "failed");
+        assert_eq!(labels[chalk_labels::LABEL_STATUS], "failed");
         assert_eq!(labels["chalk.io/label.status"], "mine");
         let back = Snapshot::from_record(&s.name, &s.index, &labels).unwrap();
         assert_eq!(back, s);

@@ -1,0 +1,149 @@
+//! `chalkctl fork` and `chalkctl tree`: new sandboxes from a snapshot, and the fork tree.
+
+use super::prelude::*;
+
+pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
+    let (mut client, table, progress) = start(cli)?;
+    match command {
+        Command::Fork {
+            snapshot_id,
+            id,
+            snapshot,
+            registry,
+            fork_id,
+            count,
+            keep_snapshot,
+            force,
+            lifetime,
+            name,
+        } => {
+            let opts = fork::ForkOptions {
+                lifetime: lifetime.lifetime.clone(),
+                on_timeout: lifetime.on_timeout.clone(),
+                force: *force,
+                name: name.name.clone(),
+                keep: Some(keeping(cli)?),
+            };
+            if let Some(keep) = &opts.keep {
+                keeper::sweep(&client, keep);
+            }
+            let id = &match id {
+                Some(q) => Some(names::resolve(&client, q)?),
+                None => None,
+            };
+            let pulled = match snapshot {
+                Some(reference) => Some(
+                    pull::pull(&mut client, &registry.access(), reference, &progress)?
+                        .snapshot
+                        .digest,
+                ),
+                None => None,
+            };
+            let snapshot_id = &pulled.or(snapshot_id.clone());
+            let (forks, snapshot) = match (snapshot_id, id) {
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "--id names a running sandbox to fork, --snapshot-id a snapshot \
+                                to fork: give one (name the new sandbox with --fork-id)"
+                            .into(),
+                    )
+                }
+                (Some(query), None) => {
+                    let forks = fork::fork(
+                        &mut client,
+                        query,
+                        fork_id.as_deref(),
+                        *count,
+                        &opts,
+                        &progress,
+                    )?;
+                    (forks, None)
+                }
+                (None, Some(source)) => {
+                    // What would refuse the forks is found before the snapshot is taken.
+                    fork::check_ids(fork_id.as_deref(), source, *count)?;
+                    let snap = snapshot::create(&mut client, source, Vec::new(), false, &progress)?;
+                    let forks = fork::fork(
+                        &mut client,
+                        &snap.digest,
+                        fork_id.as_deref(),
+                        *count,
+                        &opts,
+                        &progress,
+                    );
+                    if !keep_snapshot {
+                        // Whatever became of the forks: it holds the sandbox's memory.
+                        match snapshots::delete(&client, &snap) {
+                            Ok(gc) => progress.step(&format!(
+                                "deleted the intermediate snapshot {} ({} freed)",
+                                progress::short(&snap.digest),
+                                progress::megabytes(gc.bytes_freed)
+                            )),
+                            Err(e) => eprintln!(
+                                "chalkctl: the intermediate snapshot {} was kept: {e}",
+                                snap.digest
+                            ),
+                        }
+                    }
+                    (forks?, Some((snap.digest, *keep_snapshot)))
+                }
+                (None, None) => return Err("give --snapshot-id, --snapshot REF or --id".into()),
+            };
+            let failed = forks.iter().filter(|f| f.pid.is_err()).count();
+            if table {
+                println!("{:<40} {:<10} {:<10} ERROR", "SANDBOX", "PID", "TIME");
+                for f in &forks {
+                    let (pid, err) = match &f.pid {
+                        Ok(pid) => (pid.to_string(), String::new()),
+                        Err(e) => ("-".to_string(), e.to_string()),
+                    };
+                    println!(
+                        "{:<40} {pid:<10} {:<10} {err}",
+                        f.id,
+                        format!("{}ms", f.elapsed_ms)
+                    );
+                }
+                eprintln!(
+                    "{} of {} forks running, in {}",
+                    forks.len() - failed,
+                    forks.len(),
+                    progress.elapsed()
+                );
+            }
+            let mut out = json!({
+                "forks": forks.iter().map(|f| json!({
+                    "id": f.id,
+                    "pid": f.pid.as_ref().ok(),
+                    "error": f.pid.as_ref().err().map(ToString::to_string),
+                    "elapsed_ms": f.elapsed_ms,
+                })).collect::<Vec<_>>(),
+                "elapsed_ms": progress.elapsed_ms(),
+                "pool": fork::pool_size(*count),
+            });
+            if let Some((digest, kept)) = snapshot {
+                out["snapshot"] = json!({"id": digest, "kept": kept});
+            }
+            if failed > 0 {
+                if cli.output == Output::Json {
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                }
+                return Err(format!("{failed} of {} forks failed", forks.len()).into());
+            }
+            Ok(out)
+        }
+        Command::Tree { id } => {
+            let id = match id {
+                Some(q) => Some(names::resolve(&client, q)?),
+                None => None,
+            };
+            let forest = tree::forest(&client, id.as_deref())?;
+            if table {
+                for line in tree::draw(&forest) {
+                    println!("{line}");
+                }
+            }
+            Ok(json!({"tree": forest.iter().map(tree::to_json).collect::<Vec<_>>()}))
+        }
+        _ => unreachable!("main dispatches only this group's commands here"),
+    }
+}

@@ -1,0 +1,66 @@
+//! `chalkctl suspend` and `chalkctl resume`: a sandbox released to a snapshot, here or in a
+//! registry, and brought back.
+
+use super::prelude::*;
+
+pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
+    let (mut client, table, progress) = start(cli)?;
+    match command {
+        Command::Suspend {
+            id,
+            to: Some(to),
+            release,
+            registry,
+        } => {
+            let id = &names::resolve(&client, id)?;
+            let done =
+                moves::suspend_to(&mut client, &registry.access(), id, to, *release, &progress)?;
+            progress.step(&format!(
+                "{id} suspended to {} in {}",
+                done.pushed.reference,
+                progress.elapsed()
+            ));
+            if table {
+                println!("{}", done.pushed.reference);
+            }
+            let mut out = snapshots::to_json(&done.snapshot);
+            out["elapsed_ms"] = progress.elapsed_ms().into();
+            Ok(json!({"id": id, "status": "suspended", "snapshot": out,
+                      "pushed": {"reference": done.pushed.reference,
+                                 "transfer": done.pushed.transfer.to_json()},
+                      "released": done.released.map(|g| json!({"freed_bytes": g.bytes_freed}))}))
+        }
+        Command::Suspend { id, .. } => {
+            let id = &names::resolve(&client, id)?;
+            let snap = snapshot::create(&mut client, id, Vec::new(), true, &progress)?;
+            progress.step(&format!("{id} suspended in {}", progress.elapsed()));
+            if table {
+                println!("{}", snap.digest);
+            }
+            let mut out = snapshots::to_json(&snap);
+            out["elapsed_ms"] = progress.elapsed_ms().into();
+            Ok(json!({"id": id, "status": "suspended", "snapshot": out}))
+        }
+        Command::Resume { id, from, registry } => {
+            let id = &names::resolve(&client, id)?;
+            let keep = keeping(cli)?;
+            let (snapshot, pid, pulled) = moves::resume_from(
+                &mut client,
+                &registry.access(),
+                id,
+                from.as_deref(),
+                Some(&keep),
+                &progress,
+            )?;
+            if table {
+                println!("{id} running again (pid {pid}) in {}", progress.elapsed());
+            }
+            Ok(
+                json!({"id": id, "status": "running", "pid": pid, "snapshot": snapshot,
+                      "pulled": pulled.map(|p| p.transfer.to_json()),
+                      "elapsed_ms": progress.elapsed_ms()}),
+            )
+        }
+        _ => unreachable!("main dispatches only this group's commands here"),
+    }
+}

@@ -1,0 +1,14 @@
+//! The operations on sandboxes, each a small API with typed options and results, over
+//! [`crate::containerd`] and [`crate::records`].
+
+pub mod attach;
+pub mod exec;
+pub mod expire;
+pub mod fork;
+pub mod logs;
+pub mod remove;
+pub mod resume;
+pub mod run;
+pub mod snapshot;
+pub mod tree;
+pub mod wait;

@@ -1,0 +1,294 @@
+//! Taking a snapshot: the record begun, the checkpoint into the shim's store, the record
+//! completed (or failed); suspend is a snapshot that stops the sandbox.
+
+use crate::containerd::RUNTIME;
+use crate::records::snapshots::{
+    all, base_image, create_record, find, lease_of, record, record_index,
+};
+
+use chalk_runtime::snapshot::store::Store;
+
+use crate::records::registry::{self, Snapshot, Status};
+use containerd_client::types::Descriptor;
+
+use crate::{
+    containerd::{runtime_name, Client, Result},
+    progress::Progress,
+    Error,
+};
+
+/// A snapshot whose record exists, before its checkpoint.
+pub struct Begun {
+    pub snap: Snapshot,
+    /// What the record points at until the snapshot is completed (see [`placeholder`]).
+    held: Descriptor,
+}
+
+/// Checks sandbox `id` and makes the snapshot's record, with `status` (`pending` when the
+/// checkpoint is left to a background process, else `in_progress`). Until the checkpoint is
+/// stored the record points at a placeholder that keeps the base image alive.
+pub fn begin(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    status: Status,
+) -> Result<Begun> {
+    begin_named(client, id, labels, None, status)
+}
+
+/// As [`begin`], the snapshot given `name` (refused when another snapshot has it).
+pub fn begin_named(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    name: Option<&str>,
+    status: Status,
+) -> Result<Begun> {
+    if let Some(name) = name {
+        crate::records::names::check(name)?;
+        if let Some(other) = all(client)?
+            .iter()
+            .find(|s| s.given_name.as_deref() == Some(name))
+        {
+            return Err(format!(
+                "snapshot name {name} is taken (by {}): choose another, or delete that one",
+                if other.digest.is_empty() {
+                    &other.name
+                } else {
+                    &other.digest
+                }
+            )
+            .into());
+        }
+    }
+    if labels.len() > registry::MAX_USER_LABELS {
+        return Err(format!(
+            "{} labels: a snapshot carries at most {}",
+            labels.len(),
+            registry::MAX_USER_LABELS
+        )
+        .into());
+    }
+    let container = client.container(id)?;
+    if runtime_name(&container) != RUNTIME {
+        return Err(format!(
+            "sandbox {id} runs {:?}, not {RUNTIME}: only chalk sandboxes can be snapshotted",
+            runtime_name(&container)
+        )
+        .into());
+    }
+    if container.image.is_empty() {
+        return Err(format!(
+            "sandbox {id} was made without an image: a snapshot must name the image it restores onto"
+        ).into());
+    }
+    // Refused here too (the shim refuses it), so that no failed record is left of it.
+    if let Some(pod) = pod_of_member(&container) {
+        return Err(format!(
+            "container {id} is one of a pod's: a checkpoint is of the whole sandbox, taken \
+             through the pod's sandbox container {pod} (chalkctl snapshot create --id {pod})"
+        )
+        .into());
+    }
+    let (image, base) = base_image(client, &container.image)?;
+    let created = crate::clock::now();
+    let snap = Snapshot {
+        name: registry::record_name(id, &created),
+        digest: String::new(),
+        index: String::new(),
+        sandbox_id: id.to_string(),
+        status,
+        created,
+        error: None,
+        base_image: Some(format!("{image}@{}", base.digest)),
+        owner: (status == Status::InProgress)
+            .then(crate::records::owner::me)
+            .flatten(),
+        given_name: name.map(String::from),
+        labels: labels.into_iter().collect(),
+    };
+    let held = create_record(client, &snap, &base)?;
+    Ok(Begun { snap, held })
+}
+
+/// The pod sandbox of a container that CRI made in a pod (not the pod's own sandbox).
+fn pod_of_member(container: &containerd_client::services::v1::Container) -> Option<String> {
+    use chalk_runtime::spec::{CRI_CONTAINER_TYPE, CRI_SANDBOX_ID};
+    let notes = &crate::containerd::spec_of(container)["annotations"];
+    (notes[CRI_CONTAINER_TYPE] == "container")
+        .then(|| notes[CRI_SANDBOX_ID].as_str().map(String::from))
+        .flatten()
+}
+
+/// Picks up a `pending` snapshot by its record name (what `--no-wait` leaves behind).
+pub fn pending(client: &Client, name: &str) -> Result<Begun> {
+    let image = client.image(name)?;
+    let labels = image.labels.clone().into_iter().collect();
+    let held = image
+        .target
+        .ok_or_else(|| Error::from(format!("snapshot {name} has no target")))?;
+    let snap = Snapshot::from_record(name, &held.digest, &labels)
+        .ok_or_else(|| Error::from(format!("{name} is not a snapshot")))?;
+    if snap.status != Status::Pending {
+        return Err(format!("snapshot {name} is {}, not pending", snap.status).into());
+    }
+    Ok(Begun { snap, held })
+}
+
+/// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
+/// with the error). With `suspend` the sandbox stops after the checkpoint, its task is removed
+/// (no runsc process is left) and its record names the snapshot it resumes from.
+pub fn finish(
+    client: &mut Client,
+    begun: Begun,
+    suspend: bool,
+    progress: &Progress,
+) -> Result<Snapshot> {
+    let Begun { mut snap, held } = begun;
+    let id = snap.sandbox_id.clone();
+    client.lease(&lease_of(&snap.name))?;
+    if snap.status != Status::InProgress {
+        // A pending snapshot's taker is the process that picks it up.
+        snap.status = Status::InProgress;
+        snap.owner = crate::records::owner::me();
+        client.update_image(record(&snap, held.clone()))?;
+    }
+    let what = if suspend {
+        format!("checkpointing {id}, then stopping it")
+    } else {
+        format!("checkpointing {id} (it keeps running)")
+    };
+    let index = progress.during(&what, || {
+        checkpoint_into_store(client, &id, &snap.name, &snap.created, suspend)
+    });
+    match index {
+        Ok((index, manifest, size)) => {
+            progress.step(&format!(
+                "stored {} of checkpoint",
+                crate::progress::megabytes(size)
+            ));
+            snap.status = Status::Completed;
+            snap.digest = manifest;
+            snap.index = index.digest.clone();
+            client.update_image(record(&snap, index))?;
+            if suspend {
+                client.set_container_label(
+                    &id,
+                    chalk_labels::SUSPENDED_FROM,
+                    Some(&snap.digest),
+                )?;
+                client.delete_stopped_task(&id)?;
+                progress.step(&format!("released {id}'s sandbox"));
+            }
+            Ok(snap)
+        }
+        Err(e) => {
+            snap.status = Status::Failed;
+            snap.error = Some(e.to_string());
+            client.update_image(record(&snap, held))?;
+            Err(e)
+        }
+    }
+}
+
+/// Snapshots sandbox `id` and returns the completed snapshot (see [`finish`]).
+pub fn create(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    suspend: bool,
+    progress: &Progress,
+) -> Result<Snapshot> {
+    create_named(client, id, labels, None, suspend, progress)
+}
+
+/// As [`create`], the snapshot given `name`.
+pub fn create_named(
+    client: &mut Client,
+    id: &str,
+    labels: Vec<(String, String)>,
+    name: Option<&str>,
+    suspend: bool,
+    progress: &Progress,
+) -> Result<Snapshot> {
+    let begun = begin_named(client, id, labels, name, Status::InProgress)?;
+    progress.step(&format!("recorded {} (in_progress)", begun.snap.name));
+    finish(client, begun, suspend, progress)
+}
+
+/// Waits until snapshot `query` is completed (returned) or failed (its error), for at most
+/// `timeout`.
+pub fn wait(
+    client: &Client,
+    query: &str,
+    timeout: Option<std::time::Duration>,
+) -> Result<Snapshot> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        let snap = find(client, query)?;
+        match snap.status {
+            Status::Completed => return Ok(snap),
+            Status::Failed => {
+                return Err(format!(
+                    "snapshot {query} failed: {}",
+                    snap.error.as_deref().unwrap_or("no error recorded")
+                )
+                .into())
+            }
+            Status::Pending | Status::InProgress => {}
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Err(format!(
+                "snapshot {query} is still {} after {}: wait longer (--timeout) or follow it \
+                 with chalkctl snapshot get",
+                snap.status,
+                crate::clock::seconds(timeout.unwrap_or_default())
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// Checkpoints `id` into the snapshot store (the shim moves each file in as a blob and writes
+/// the snapshot's OCI manifest and ref), then stores the index the record points at, in the
+/// form `ctr container restore` reads: a pointer to the stored snapshot as its checkpoint
+/// (a few hundred bytes), the spec, the base image and the snapshot's OCI manifest, each kept
+/// from containerd's garbage collector by the index's labels. Returns the index, the stored
+/// snapshot's manifest digest (the snapshot's id) and the checkpoint's size.
+fn checkpoint_into_store(
+    client: &Client,
+    id: &str,
+    record: &str,
+    created: &str,
+    exit: bool,
+) -> Result<(Descriptor, String, u64)> {
+    let store = client.store()?;
+    let token = Store::token(client.namespace(), record);
+    let container = client.container(id)?;
+    // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
+    client.mark_spec(&container, chalk_labels::CHECKPOINTED_AT, created)?;
+    let checkpointed = client.checkpoint(id, exit, Some(&store.ingest_path(&token)));
+    // The ref is written last, once every blob is in: with it, the snapshot is whole, even if
+    // containerd failed at what it did after the shim (a suspended sandbox is then not lost).
+    let found = store.find_ref(&token);
+    match (checkpointed, &found) {
+        (Err(e), None) => return Err(e),
+        (Err(e), Some(_)) => eprintln!("chalkctl: {e} (after the snapshot was stored: kept)"),
+        (Ok(_), _) => {}
+    }
+    let Some(r) = found else {
+        return Err(format!(
+            "the shim of {id} did not store the snapshot in {}: give chalkctl the runtime \
+             options the shim uses (--config, or CHALK_SHIM_CONFIG), whose [snapshot] store \
+             names the store",
+            store.root().display()
+        )
+        .into());
+    };
+    let stored = store
+        .open_snapshot(&r.manifest)
+        .map_err(|e| Error::from(e.to_string()))?;
+    let index = record_index(client, &stored, &container.snapshotter)?;
+    Ok((index, r.manifest, stored.manifest.total_size()))
+}

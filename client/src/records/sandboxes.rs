@@ -1,0 +1,92 @@
+//! `chalkctl list`, `get` and `expire`: the sandboxes of this runtime, their status, lineage,
+//! lifetime and snapshots, and what happens when a lifetime ends.
+
+use crate::{clock::now_secs, containerd::spec_of};
+use chalk_runtime::{
+    lifetime::{self, Lifetime, EXPIRES_AT_LABEL},
+    snapshot::manifest::rfc3339_secs,
+};
+use containerd_client::services::v1::Container;
+use serde_json::{json, Value};
+
+use crate::{
+    containerd::RUNTIME,
+    containerd::{runtime_name, Client, Result},
+    records::snapshots,
+};
+
+/// Sandboxes of this runtime; stopped and suspended ones only with `all`.
+pub fn list(client: &Client, all: bool) -> Result<Vec<Value>> {
+    let snaps = snapshots::all(client)?;
+    let mut out = Vec::new();
+    for c in client.containers()? {
+        if runtime_name(&c) != RUNTIME {
+            continue;
+        }
+        let v = describe(client, &c, &snaps)?;
+        if all || matches!(v["status"].as_str(), Some("running" | "paused" | "created")) {
+            out.push(v);
+        }
+    }
+    out.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    Ok(out)
+}
+
+pub fn get(client: &Client, id: &str) -> Result<Value> {
+    let c = chalk_container(client, id)?;
+    describe(client, &c, &snapshots::all(client)?)
+}
+
+/// Container `id`, refused unless it runs with this runtime.
+pub fn chalk_container(client: &Client, id: &str) -> Result<Container> {
+    let c = client.container(id)?;
+    if runtime_name(&c) != RUNTIME {
+        return Err(format!("sandbox {id} runs {:?}, not {RUNTIME}", runtime_name(&c)).into());
+    }
+    Ok(c)
+}
+
+fn describe(
+    client: &Client,
+    c: &Container,
+    snaps: &[crate::records::registry::Snapshot],
+) -> Result<Value> {
+    let task = client.task_status(&c.id)?;
+    let status = match (&task, c.labels.get(chalk_labels::SUSPENDED_FROM)) {
+        (None, Some(_)) => "suspended".to_string(),
+        (None, None) => "stopped".to_string(),
+        (Some((s, _)), _) => s.clone(),
+    };
+    let mine: Vec<Value> = snaps
+        .iter()
+        .filter(|s| s.sandbox_id == c.id)
+        .map(snapshots::to_json)
+        .collect();
+    let mut v = json!({
+        "id": c.id,
+        "name": c.labels.get(chalk_labels::NAME_LABEL),
+        "status": status,
+        "pid": task.as_ref().map(|(_, pid)| *pid),
+        "image": c.image,
+        "parent_sandbox_id": c.labels.get(chalk_labels::PARENT_SANDBOX),
+        "parent_snapshot_id": c.labels.get(chalk_labels::FORKED_FROM),
+        "suspended_from": c.labels.get(chalk_labels::SUSPENDED_FROM),
+        // Suspended to a registry, its local copy released: where it resumes from.
+        "released_to": c.labels.get(chalk_labels::RELEASED_TO),
+        "resumed_from": c.labels.get(chalk_labels::RESUMED_FROM),
+        "snapshots": mine,
+    });
+    // A lifetime counts from each start; only a running sandbox has time left.
+    if let Ok(Some(l)) = Lifetime::of_spec(&spec_of(c)) {
+        v["lifetime"] = lifetime::format_duration(l.duration).into();
+        v["on_timeout"] = l.on_timeout.as_str().into();
+        let running = matches!(status.as_str(), "running" | "paused" | "created");
+        if let Some(at) = c.labels.get(EXPIRES_AT_LABEL).filter(|_| running) {
+            v["expires_at"] = at.clone().into();
+            if let Some(end) = rfc3339_secs(at) {
+                v["time_left"] = format!("{}s", end.saturating_sub(now_secs())).into();
+            }
+        }
+    }
+    Ok(v)
+}

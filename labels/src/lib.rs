@@ -1,0 +1,158 @@
+//! Every key chalk-shim writes or reads on containerd's records, OCI specs and snapshot
+//! artifacts. Other programs (chalk-web, a Kubernetes node, scripts) read these: they are a
+//! contract, so they are named once, here. Each says who writes it and who reads it.
+//!
+//! - *Spec annotations* are set by whoever creates a container (a user, chalkctl, CRI from a
+//!   pod's annotations) and read by the shim at Create.
+//! - *Container labels* are on containerd's container records.
+//! - *Record labels* are on the snapshot records chalk keeps in containerd's image store.
+//! - *Artifact annotations* are in a stored snapshot's OCI manifest.
+
+// Spec annotations.
+
+/// How long the sandbox may run, counted from each start (a fresh start, a fork, a resume).
+/// Written by users (`chalkctl run --lifetime`); read by the shim.
+pub const LIFETIME_ANNOTATION: &str = "chalk.io/lifetime";
+/// `destroy` (the default) or `suspend`: what ends a lifetime. Written by users; read by the
+/// shim.
+pub const ON_TIMEOUT_ANNOTATION: &str = "chalk.io/on-timeout";
+/// A JSON array of hooks run around a checkpoint and in each restore (only `place =
+/// "sandbox"`, and only where the runtime options allow it). Written by users; read by the
+/// shim's hooks runner.
+pub const HOOKS_ANNOTATION: &str = "chalk.io/hooks";
+/// `"true"` marks a GPU sandbox (beside NVIDIA devices in its spec or runsc's nvproxy).
+/// Written by users; read by the shim, which hands the GPU over around a checkpoint.
+pub const GPU_ANNOTATION: &str = "chalk.io/gpu";
+/// On a fork's containers: the id of the pod the snapshot was taken from. Written by chalkctl's
+/// fork; read by the shim, which copies that pod's bind-mounted files (hosts, resolv.conf,
+/// shm...) for the fork instead of sharing them with the source.
+pub const PRIVATE_MOUNTS_OF: &str = "chalk.io/private-mounts-of";
+
+// Container labels.
+
+/// When a sandbox's lifetime ends (RFC 3339, UTC). Written by the shim when the sandbox
+/// starts; read by chalkctl (`ls`, `get`) and chalk-web.
+pub const EXPIRES_AT_LABEL: &str = "chalk.io/expires-at";
+/// A sandbox's name, unique in its namespace. Written by chalkctl (`run --name`, `fork
+/// --name`); read by chalkctl to resolve names and by chalk-web.
+pub const NAME_LABEL: &str = "chalk.io/name";
+/// On a fork: the snapshot it came from (its parent snapshot). Written by chalkctl's fork;
+/// read by chalkctl's tree and listings and by chalk-web.
+pub const FORKED_FROM: &str = "chalk.io/forked-from";
+/// On a fork: the sandbox its snapshot was taken of. Written by chalkctl's fork; read by
+/// chalkctl's tree.
+pub const PARENT_SANDBOX: &str = "chalk.io/parent-sandbox-id";
+/// On a resumed sandbox: the snapshot it resumed from. Written by chalkctl's resume; read by
+/// chalkctl's listings and tree.
+pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
+/// On a suspended sandbox's record: the snapshot holding it. Written by chalkctl's suspend;
+/// read by resume, `ls --all` and chalk-web.
+pub const SUSPENDED_FROM: &str = "chalk.io/suspended-from";
+/// On a suspended sandbox moved to another host: where it went. Written by chalkctl's move;
+/// read by chalkctl's listings.
+pub const RELEASED_TO: &str = "chalk.io/released-to";
+/// Marks a container whose stdio chalkctl keeps; its forks and resumes get a keeper too.
+/// Written by chalkctl (`run`, `fork`, `resume`); read by chalkctl.
+pub const STDIO_LABEL: &str = "chalk.io/stdio";
+/// Marks the sandboxes chalk-web started, so that it removes only its own. Written and read by
+/// chalk-web.
+pub const WEB_OWNER_LABEL: &str = "chalk.io/web";
+
+// Snapshot record labels (records are images named `chalk.io/snapshots/<sandbox>:<stamp>`).
+
+/// The prefix of every snapshot record's image name.
+pub const RECORD_PREFIX: &str = "chalk.io/snapshots/";
+/// Marks an image as a snapshot record. Written by chalkctl and the shim's lifetime suspend;
+/// read by every listing (chalkctl, chalk-web).
+pub const LABEL_SNAPSHOT: &str = "chalk.io/snapshot";
+/// The sandbox a snapshot was taken of. Written with the record; read by listings and filters.
+pub const LABEL_SANDBOX: &str = "chalk.io/sandbox-id";
+/// `in-progress`, `completed` or `failed`. Written by whoever takes the snapshot; read by
+/// listings, fork and resume (only completed snapshots restore).
+pub const LABEL_STATUS: &str = "chalk.io/status";
+/// Why a snapshot failed. Written with status `failed`; read by listings.
+pub const LABEL_ERROR: &str = "chalk.io/error";
+/// When the snapshot was begun (RFC 3339). Written with the record; read by listings (order,
+/// pages).
+pub const LABEL_CREATED: &str = "chalk.io/created";
+/// The snapshot's id: its artifact's digest in the shim's store. Written when completed; read
+/// by `--snapshot-id` lookups and the web pages.
+pub const LABEL_ID: &str = "chalk.io/snapshot-id";
+/// The image the sandbox's root filesystem came from. Written with the record; read by fork,
+/// resume and push.
+pub const LABEL_BASE: &str = "chalk.io/base-image";
+/// The process taking an in-progress snapshot (pid and start time), so that another can tell
+/// a live taker from a dead one. Written by chalkctl; read by chalkctl's settling.
+pub const LABEL_OWNER: &str = "chalk.io/owner";
+/// The prefix of user labels on a record (`--label k=v` becomes `chalk.io/label.k`). Written
+/// by chalkctl; read by filters.
+pub const USER_PREFIX: &str = "chalk.io/label.";
+/// On the record's index: when the checkpoint was taken. Written by chalkctl; read by
+/// listings.
+pub const CHECKPOINTED_AT: &str = "chalk.io/checkpointed-at";
+
+// Snapshot artifact annotations (the OCI manifest in the shim's store and in registries).
+
+/// The snapshotter the sandbox's root filesystem was on. Written by the shim at checkpoint;
+/// read by fork and resume to prepare the new root.
+pub const SNAPSHOTTER_ANNOTATION: &str = "io.chalk.snapshot.snapshotter";
+/// The media type of the container spec carried in the artifact. Written by the shim; read by
+/// fork and resume.
+pub const SPEC_TYPE_ANNOTATION: &str = "io.chalk.snapshot.spec-type";
+/// `sandbox` or `pod`: what the artifact holds. Written by the shim; read by `snapshot get`.
+pub const KIND_ANNOTATION: &str = "io.chalk.snapshot.kind";
+/// The sandbox a snapshot was taken of. Written by the shim; read by `snapshot get`.
+pub const SANDBOX_ANNOTATION: &str = "io.chalk.snapshot.sandbox";
+/// The containerd namespace of that sandbox. Written by the shim; read by `snapshot get`.
+pub const NAMESPACE_ANNOTATION: &str = "io.chalk.snapshot.namespace";
+
+/// Every key above, for checks that they stay distinct and well-formed.
+pub const ALL: &[&str] = &[
+    LIFETIME_ANNOTATION,
+    ON_TIMEOUT_ANNOTATION,
+    HOOKS_ANNOTATION,
+    GPU_ANNOTATION,
+    PRIVATE_MOUNTS_OF,
+    EXPIRES_AT_LABEL,
+    NAME_LABEL,
+    FORKED_FROM,
+    PARENT_SANDBOX,
+    RESUMED_FROM,
+    SUSPENDED_FROM,
+    RELEASED_TO,
+    STDIO_LABEL,
+    WEB_OWNER_LABEL,
+    LABEL_SNAPSHOT,
+    LABEL_SANDBOX,
+    LABEL_STATUS,
+    LABEL_ERROR,
+    LABEL_CREATED,
+    LABEL_ID,
+    LABEL_BASE,
+    LABEL_OWNER,
+    CHECKPOINTED_AT,
+    SNAPSHOTTER_ANNOTATION,
+    SPEC_TYPE_ANNOTATION,
+    KIND_ANNOTATION,
+    SANDBOX_ANNOTATION,
+    NAMESPACE_ANNOTATION,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_distinct_and_in_our_prefixes() {
+        let mut seen = std::collections::BTreeSet::new();
+        for k in ALL {
+            assert!(seen.insert(k), "{k} is named twice");
+            assert!(
+                k.starts_with("chalk.io/") || k.starts_with("io.chalk.snapshot."),
+                "{k}"
+            );
+            // A user label's key can never collide with one of ours.
+            assert!(!k.starts_with(USER_PREFIX), "{k}");
+        }
+    }
+}
