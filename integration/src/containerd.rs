@@ -6,9 +6,13 @@ use std::{
     ffi::OsStr,
     fs,
     io::{self, Write},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -127,6 +131,8 @@ pub struct Containerd {
     ctr: PathBuf,
     pub namespace: String,
     started: std::time::SystemTime,
+    teardown: Arc<Teardown>,
+    on_stop: Option<crate::stop::Registration>,
 }
 
 /// Starts containerd on the config in `d`, with the shim first on its PATH (and a containerd
@@ -157,6 +163,9 @@ fn spawn_daemon(d: &Path) -> io::Result<Child> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
+        // A group of its own: a terminal's Ctrl-C must not stop it before the program has
+        // removed its sandboxes through it (see crate::stop).
+        .process_group(0)
         .spawn()
 }
 
@@ -219,12 +228,29 @@ impl Containerd {
         }
 
         let daemon = spawn_daemon(d)?;
+        let ctr = program("CHALK_CTR", "ctr");
+        let namespace: String = if cri { CRI_NAMESPACE } else { "chalk-test" }.into();
+        let teardown = Arc::new(Teardown {
+            dir: d.to_path_buf(),
+            ctr: ctr.clone(),
+            namespace: namespace.clone(),
+            pid: AtomicU32::new(daemon.id()),
+        });
+        let on_stop = {
+            let teardown = teardown.clone();
+            crate::stop::on_stop("a private containerd", move || {
+                teardown.run();
+                let _ = fs::remove_dir_all(&teardown.dir);
+            })
+        };
         let mut c = Containerd {
             dir,
             daemon,
-            ctr: program("CHALK_CTR", "ctr"),
-            namespace: if cri { CRI_NAMESPACE } else { "chalk-test" }.into(),
+            ctr,
+            namespace,
             started: std::time::SystemTime::now(),
+            teardown,
+            on_stop: Some(on_stop),
         };
         c.wait_ready(Duration::from_secs(30))?;
         Ok(c)
@@ -235,6 +261,7 @@ impl Containerd {
     pub fn restart(&mut self) -> io::Result<()> {
         self.kill_daemon();
         self.daemon = spawn_daemon(self.dir.path())?;
+        self.teardown.pid.store(self.daemon.id(), Ordering::SeqCst);
         self.wait_ready(Duration::from_secs(30))
     }
 
@@ -547,44 +574,9 @@ impl Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        if !matches!(self.daemon.try_wait(), Ok(None)) {
-            // Killed already: end what it left running, without asking it.
-            let mine = self.dir.path().display().to_string();
-            for (pid, _) in crate::procs::processes()
-                .into_iter()
-                .filter(|(_, a)| a.iter().any(|x| x.contains(&mine)))
-            {
-                let _ = nix_kill(pid, libc::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            unmount_under(self.dir.path());
-            return;
-        }
-        // Remove what is left in the namespace, then stop the daemon.
-        let tasks = self.ctr(["task", "ls", "-q"]).stdout;
-        for id in tasks.lines().filter(|l| !l.is_empty()) {
-            self.ctr(["task", "kill", "-a", "-s", "SIGKILL", id]);
-            self.ctr(["task", "delete", "-f", id]);
-        }
-        for id in self
-            .ctr(["containers", "ls", "-q"])
-            .stdout
-            .lines()
-            .filter(|l| !l.is_empty())
-        {
-            self.ctr(["containers", "rm", id]);
-        }
-        let _ = nix_kill(self.daemon.id(), libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.daemon.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
-        unmount_under(self.dir.path());
+        // First, so that a stop under way (which runs the same teardown) is left to finish.
+        drop(self.on_stop.take());
+        self.teardown.run();
         // CHALK_KEEP_LOGS=<dir>: each containerd's log is kept there, to read after a failure.
         if let Some(keep) = std::env::var_os("CHALK_KEEP_LOGS") {
             let name = self.dir.path().file_name().unwrap_or_default();
@@ -595,6 +587,98 @@ impl Drop for Containerd {
             );
         }
     }
+}
+
+/// What stopping a containerd needs, shared with the stop on a signal ([`crate::stop`]), which
+/// runs it from another thread.
+struct Teardown {
+    dir: PathBuf,
+    ctr: PathBuf,
+    namespace: String,
+    /// The daemon's pid (a restart changes it).
+    pid: AtomicU32,
+}
+
+impl Teardown {
+    /// Removes what is left in the namespace and stops the daemon, then ends whatever still
+    /// runs from its directory (a shim or sandbox whose create a stop interrupted, or all of
+    /// them when the daemon had exited already) and unmounts what is left below it.
+    fn run(&self) {
+        let pid = self.pid.load(Ordering::SeqCst) as i32;
+        if !reaped(pid) {
+            self.remove_what_is_left();
+            let _ = nix_kill(pid as u32, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !reaped(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !reaped(pid) {
+                let _ = nix_kill(pid as u32, libc::SIGKILL);
+                // SAFETY: waitpid on our own child.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            }
+        }
+        let mine = self.dir.display().to_string();
+        let left = || {
+            crate::procs::processes()
+                .into_iter()
+                .filter(|(_, a)| a.iter().any(|x| x.contains(&mine)))
+                .map(|(pid, _)| pid)
+                .collect::<Vec<_>>()
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !left().is_empty() && Instant::now() < deadline {
+            for pid in left() {
+                let _ = nix_kill(pid, libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        unmount_under(&self.dir);
+    }
+
+    /// Kills and deletes the namespace's tasks (again while a create in flight adds one),
+    /// then removes its containers.
+    fn remove_what_is_left(&self) {
+        let ctr = |args: &[&str]| -> String {
+            Command::new(&self.ctr)
+                .arg("--address")
+                .arg(self.dir.join("containerd.sock"))
+                .arg("--namespace")
+                .arg(&self.namespace)
+                .args(args)
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let list = |what: &str| -> Vec<String> {
+            ctr(&[what, "ls", "-q"])
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        for _ in 0..3 {
+            let tasks = list("task");
+            if tasks.is_empty() {
+                break;
+            }
+            for id in &tasks {
+                ctr(&["task", "kill", "-a", "-s", "SIGKILL", id]);
+                ctr(&["task", "delete", "-f", id]);
+            }
+        }
+        for id in list("containers") {
+            ctr(&["containers", "rm", &id]);
+        }
+    }
+}
+
+/// Whether child `pid` has exited, reaping it if so (or it is no child of ours any more).
+fn reaped(pid: i32) -> bool {
+    // SAFETY: waitpid on our own child, without blocking.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) != 0 }
 }
 
 fn nix_kill(pid: u32, sig: i32) -> io::Result<()> {

@@ -54,6 +54,9 @@ impl Binaries {
 }
 
 pub struct Node {
+    /// Made before the containerd's, so that a stop on a signal runs it after that teardown
+    /// (the kubelet's cgroups empty only once the pods are gone).
+    _on_stop: crate::stop::Registration,
     pub containerd: Containerd,
     dir: PathBuf,
     bins: Binaries,
@@ -256,6 +259,12 @@ impl Node {
     /// Starts the node: containerd with its CRI, etcd, the API server and the kubelet, and
     /// waits until the node is Ready.
     pub fn start(bins: Binaries, cni_bin: PathBuf) -> Result<Node, String> {
+        // Its etcd, API server and kubelet are children in this process's group: a stop on a
+        // signal ends those first (crate::stop).
+        let on_stop = crate::stop::on_stop("the node's address and cgroups", || {
+            remove_kubelet_cgroups();
+            let _ = node_link(false);
+        });
         let containerd =
             Containerd::start_cri(Some(cni_bin), None).map_err(|e| format!("containerd: {e}"))?;
         let dir = containerd.dir().join("k8s");
@@ -263,6 +272,7 @@ impl Node {
         make_pki(&pki)?;
         node_link(true)?;
         let mut node = Node {
+            _on_stop: on_stop,
             containerd,
             dir: dir.clone(),
             bins,

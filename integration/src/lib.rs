@@ -10,6 +10,7 @@ pub mod k8s;
 pub mod procs;
 pub mod registry;
 pub mod reliability;
+pub mod stop;
 pub mod testkit;
 pub mod tmux;
 pub mod tty;

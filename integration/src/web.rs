@@ -2,7 +2,8 @@
 //! fifo directory, its URL read from the line it prints once it listens.
 
 use std::{
-    io::{self, BufRead, BufReader},
+    io::{self, BufRead, BufReader, Read, Write},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
@@ -24,6 +25,9 @@ pub struct Web {
     /// Its state directory (where its fifos are; its labels name it); None once crashed.
     state: Option<tempfile::TempDir>,
     log: PathBuf,
+    /// A stop on a signal ends chalk-web (a child in this process's group) first, then removes
+    /// its state directory (crate::stop).
+    _on_stop: crate::stop::Registration,
 }
 
 impl Web {
@@ -88,11 +92,16 @@ impl Web {
                 )));
             }
         };
+        let state_dir = state.path().to_path_buf();
+        let on_stop = crate::stop::on_stop("chalk-web's state directory", move || {
+            let _ = std::fs::remove_dir_all(state_dir);
+        });
         Ok(Web {
             child,
             url,
             state: Some(state),
             log,
+            _on_stop: on_stop,
         })
     }
 
@@ -150,5 +159,94 @@ impl Drop for Web {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.stop();
         }
+    }
+}
+
+/// A client of the server's API as a page is: its cookie, same-origin requests.
+pub struct Page {
+    addr: String,
+    pub cookie: String,
+}
+
+impl Page {
+    /// A client holding `cookie`.
+    pub fn at(url: &str, cookie: &str) -> Self {
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        Page {
+            addr,
+            cookie: cookie.to_string(),
+        }
+    }
+
+    pub fn open(url: &str) -> Result<Self, String> {
+        Self::open_path(url, "/split")
+    }
+
+    /// Opens the page at `path`, keeping the cookies it sets.
+    pub fn open_path(url: &str, path: &str) -> Result<Self, String> {
+        let mut page = Self::at(url, "");
+        let (status, head, _) = page.request("GET", path, "")?;
+        if status != 200 {
+            return Err(format!("GET {path}: {status}"));
+        }
+        page.cookie = head
+            .lines()
+            .filter_map(|l| l.strip_prefix("set-cookie: "))
+            .filter_map(|c| c.split(';').next())
+            .collect::<Vec<_>>()
+            .join("; ");
+        Ok(page)
+    }
+
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<(u16, String, String), String> {
+        let mut s = TcpStream::connect(&self.addr).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(120)))
+            .map_err(|e| e.to_string())?;
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncookie: {}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            self.addr,
+            self.cookie,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        Ok((status, head.to_ascii_lowercase(), body.to_string()))
+    }
+
+    pub fn post(&mut self, path: &str, want: u16) -> Result<serde_json::Value, String> {
+        let (status, _, body) = self.request("POST", path, r#"{"cols":80,"rows":24}"#)?;
+        if status != want {
+            return Err(format!("POST {path}: {status} {body}"));
+        }
+        // A chunked body: the JSON object is between its first `{` and last `}`.
+        let json = body
+            .find('{')
+            .zip(body.rfind('}'))
+            .map_or("", |(a, b)| &body[a..=b]);
+        serde_json::from_str(json).map_err(|e| format!("POST {path}: {e}: {body}"))
+    }
+
+    pub fn launch(&mut self) -> Result<String, String> {
+        let made = self.post("/api/sandboxes", 201)?;
+        made["id"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| format!("launch answered {made}"))
     }
 }

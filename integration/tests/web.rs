@@ -8,14 +8,15 @@
 //! (`CHALK_CELL`), also printed here.
 
 use std::{
-    io::{Read, Write},
-    net::TcpStream,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
     time::{Duration, Instant},
 };
 
-use chalk_integration::{web::Web, Containerd};
+use chalk_integration::{
+    web::{Page, Web},
+    Containerd,
+};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
@@ -296,89 +297,5 @@ fn nothing_left(c: &Containerd, web: &Web, when: &str) -> Result {
             return Err(format!("left {when}: {}", left.join("; ")));
         }
         std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-/// A client of the server's API as a page is: its cookie, same-origin requests.
-struct Page {
-    addr: String,
-    cookie: String,
-}
-
-impl Page {
-    /// A client holding `cookie`.
-    fn at(url: &str, cookie: &str) -> Self {
-        let addr = url
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_string();
-        Page {
-            addr,
-            cookie: cookie.to_string(),
-        }
-    }
-
-    fn open(url: &str) -> Result<Self> {
-        Self::open_path(url, "/split")
-    }
-
-    /// Opens the page at `path`, keeping the cookies it sets.
-    fn open_path(url: &str, path: &str) -> Result<Self> {
-        let mut page = Self::at(url, "");
-        let (status, head, _) = page.request("GET", path, "")?;
-        if status != 200 {
-            return Err(format!("GET {path}: {status}"));
-        }
-        page.cookie = head
-            .lines()
-            .filter_map(|l| l.strip_prefix("set-cookie: "))
-            .filter_map(|c| c.split(';').next())
-            .collect::<Vec<_>>()
-            .join("; ");
-        Ok(page)
-    }
-
-    fn request(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, String, String)> {
-        let mut s = TcpStream::connect(&self.addr).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(120)))
-            .map_err(|e| e.to_string())?;
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncookie: {}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n{body}",
-            self.addr,
-            self.cookie,
-            body.len()
-        );
-        s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
-        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        Ok((status, head.to_ascii_lowercase(), body.to_string()))
-    }
-
-    fn post(&mut self, path: &str, want: u16) -> Result<serde_json::Value> {
-        let (status, _, body) = self.request("POST", path, r#"{"cols":80,"rows":24}"#)?;
-        if status != want {
-            return Err(format!("POST {path}: {status} {body}"));
-        }
-        // A chunked body: the JSON object is between its first `{` and last `}`.
-        let json = body
-            .find('{')
-            .zip(body.rfind('}'))
-            .map_or("", |(a, b)| &body[a..=b]);
-        serde_json::from_str(json).map_err(|e| format!("POST {path}: {e}: {body}"))
-    }
-
-    fn launch(&mut self) -> Result<String> {
-        let made = self.post("/api/sandboxes", 201)?;
-        made["id"]
-            .as_str()
-            .map(String::from)
-            .ok_or_else(|| format!("launch answered {made}"))
     }
 }

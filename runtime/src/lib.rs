@@ -20,6 +20,7 @@ pub mod caps;
 pub mod error;
 pub mod executable;
 pub mod fault;
+pub mod hostcheck;
 pub mod ids;
 pub mod lifetime;
 pub mod netns;

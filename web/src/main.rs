@@ -111,12 +111,14 @@ fn serve(args: Args) -> Result<(), String> {
         );
         tokio::spawn(app.clone().reap());
         let stop = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            // A closed terminal: the server stops as on Ctrl-C rather than leave sandboxes.
+            let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
+                _ = hangup.recv() => {}
             }
         };
         // Open terminals would hold a graceful shutdown for ever: the signal ends serving.

@@ -3,5 +3,7 @@
 
 #[test]
 fn the_modules_form_a_dag() {
-    chalk_module_graph::assert_acyclic(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    chalk_module_graph::assert_acyclic(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+    );
 }

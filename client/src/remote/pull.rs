@@ -4,8 +4,8 @@
 //! checked against its digest on the way and the whole snapshot read back before its record
 //! is made. A pull that fails leaves no record, and its blobs go at the next gc.
 
+use chalk_runtime::hostcheck::{self, Host};
 use chalk_runtime::snapshot::{
-    hostcheck::{self, Host},
     manifest::ImageRef,
     oci::{self, ImageManifest},
     store::Store,

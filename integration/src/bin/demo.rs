@@ -12,6 +12,8 @@ fn step(title: &str) {
 }
 
 fn main() -> ExitCode {
+    // SIGINT, SIGTERM and SIGHUP all end it as Ctrl-C would, with nothing left running.
+    chalk_integration::stop::install();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -14,7 +14,6 @@ use std::{
     io::Read,
     path::PathBuf,
     process::Command,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -26,6 +25,8 @@ use chalk_integration::{
 use serde_json::Value;
 
 fn main() {
+    // SIGINT, SIGTERM and SIGHUP all end it as Ctrl-C would, with nothing left running.
+    chalk_integration::stop::install();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(),
@@ -57,28 +58,12 @@ fn serve() -> Result<(), String> {
         node.containerd.socket().display()
     );
     eprintln!("node {NODE} is Ready; close stdin (Ctrl-D) or interrupt to stop it");
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_stop as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
-    }
-    std::thread::spawn(|| {
-        let mut buf = [0u8; 64];
-        while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
-        STOP.store(true, Ordering::SeqCst);
-    });
-    while !STOP.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // A signal stops the node from chalk_integration::stop's watcher; Ctrl-D here.
+    let mut buf = [0u8; 64];
+    while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
     eprintln!("stopping the node");
     drop(node);
     Ok(())
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
 }
 
 struct Step {

@@ -164,6 +164,8 @@ fn run(args: &[String]) -> Result<bool, String> {
 }
 
 fn main() -> ExitCode {
+    // SIGINT, SIGTERM and SIGHUP all end it as Ctrl-C would, with nothing left running.
+    chalk_integration::stop::install();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(true) => ExitCode::SUCCESS,

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use chalk_integration::{web::Web, Containerd};
 
 fn main() -> ExitCode {
+    // SIGINT, SIGTERM and SIGHUP all end it as Ctrl-C would, with nothing left running.
+    chalk_integration::stop::install();
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut listen = "127.0.0.1:8080".to_string();
     if let Some(i) = args.iter().position(|a| a == "--listen") {
@@ -42,9 +44,8 @@ fn run(listen: &str, extra: &[String]) -> Result<(), String> {
         web.log_path().display()
     );
     println!("Press Ctrl-C to stop: the sandboxes are removed and containerd stopped.");
-    // Ctrl-C reaches chalk-web too (same process group): it removes its sandboxes and exits.
-    // SAFETY: ignoring SIGINT here so that this process outlives it and cleans up after it.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    // A signal (Ctrl-C, SIGTERM, SIGHUP) ends chalk-web first, which removes its sandboxes,
+    // then containerd (chalk_integration::stop); chalk-web ending by itself ends it too.
     let status = web.wait().map_err(|e| e.to_string())?;
     if !status.success() {
         return Err(format!("chalk-web ended with {status}: {}", web.log()));

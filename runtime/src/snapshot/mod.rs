@@ -5,7 +5,6 @@ pub mod describe;
 pub mod dir;
 pub mod extra;
 pub mod hash;
-pub mod hostcheck;
 pub mod isolation;
 pub mod manifest;
 pub mod oci;

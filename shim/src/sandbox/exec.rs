@@ -97,7 +97,9 @@ impl Sandboxes {
         let (child, pid) = match self.launch_exec(c, p) {
             Ok(started) => started,
             Err(e) => {
-                // Never started: release any Wait on it, as the runc shim does.
+                // Never started: release any Wait on it, as the runc shim does, and its
+                // output fifos' client.
+                p.io.release_outputs();
                 p.status = Status::Stopped;
                 p.exit.set(ExitInfo {
                     status: LOST,

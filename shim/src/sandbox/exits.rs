@@ -75,12 +75,15 @@ impl Sandboxes {
         }
     }
 
-    /// Marks `p` stopped with `status` and tells containerd, once.
+    /// Marks `p` stopped with `status` and tells containerd, once; the shim lets go of its
+    /// output fifos (see `ProcessIo::release_outputs`).
     pub(super) fn record_exit(&self, id: &str, p: &mut Process, status: i32) {
         if p.status == Status::Stopped {
             return;
         }
         p.status = Status::Stopped;
+        // Its output fifos' client may not have opened them yet: it gets all of the output.
+        p.io.release_outputs();
         let info = ExitInfo {
             status: status as u32,
             at: SystemTime::now(),

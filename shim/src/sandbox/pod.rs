@@ -89,13 +89,14 @@ impl Sandboxes {
                 .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
             (s, Some(pio))
         };
-        if let Err(e) = c.runtime.start_with_stdio(&c.id, stdio) {
-            // Never to run, as with runc: it reads stopped and its exit is reported.
-            self.record_exit(&c.id, init, KILLED as i32);
-            return Err(e.into());
-        }
         if let Some(pio) = pio {
             init.io = pio;
+        }
+        if let Err(e) = c.runtime.start_with_stdio(&c.id, stdio) {
+            // Never to run, as with runc: it reads stopped and its exit is reported (and its
+            // output fifos let go of).
+            self.record_exit(&c.id, init, KILLED as i32);
+            return Err(e.into());
         }
         // Watched before anything else can fail: whatever happens next, its exit is known.
         let (this, member) = (self.clone(), c.clone());

@@ -791,3 +791,38 @@ fn requests_waiting_on_a_busy_sandbox_are_bounded_and_named() {
     );
     assert_eq!(c.state.lock().unwrap().waiting, 0);
 }
+
+#[test]
+fn an_execs_client_that_opens_its_output_only_after_the_exit_is_not_left_waiting() {
+    use std::io::Read;
+    let w = world();
+    w.create("web").unwrap();
+    w.shim.start("web", "").unwrap();
+    let out = w.dir.path().join("e1-stdout");
+    nix::unistd::mkfifo(&out, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+    w.shim
+        .exec(ExecRequest {
+            id: "web".into(),
+            exec_id: "e1".into(),
+            stdio: StdioPaths {
+                stdout: out.display().to_string(),
+                ..Default::default()
+            },
+            spec: br#"{"args": ["/bin/true"], "cwd": "/"}"#.to_vec(),
+        })
+        .unwrap();
+    w.shim.start("web", "e1").unwrap();
+    assert_eq!(w.shim.wait("web", "e1").unwrap().status, 0);
+    // `ctr task exec` of a short command: its blocking open comes after the exit.
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let read = std::fs::File::open(&out).and_then(|mut f| f.read_to_end(&mut got));
+        let _ = tx.send(read.map(|_| got));
+    });
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the client's open of its output fifo hung");
+    assert!(got.unwrap().is_empty(), "end-of-file");
+    w.shim.delete("web", "e1").unwrap();
+}

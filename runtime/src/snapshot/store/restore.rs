@@ -1,0 +1,94 @@
+//! Restore directories: a snapshot's files as symlinks to its verified blobs, named as runsc
+//! wrote them, locked (and so kept from gc) until dropped.
+
+use std::{
+    fs,
+    os::unix::fs::DirBuilderExt,
+    path::{Path, PathBuf},
+};
+
+use super::{
+    layout::{make_private_dir, valid_token},
+    lock::{lock_path, Lock},
+    store_error,
+    verify::Stored,
+    Store,
+};
+use crate::{Error, Result};
+
+/// A directory of symlinks to a snapshot's blobs, named as runsc wrote them; removed (with
+/// its lock, which keeps gc off the blobs) when dropped.
+#[derive(Debug)]
+pub struct RestoreDir {
+    dir: PathBuf,
+    lock: Option<Lock>,
+}
+
+impl Store {
+    /// A directory runsc can restore `snap` from, its files symlinks to the blobs; each blob
+    /// verified first (by identity, or hashed again when that changed). Held until dropped.
+    pub fn prepare_restore(&self, snap: &Stored, token: &str) -> Result<RestoreDir> {
+        if !valid_token(token) {
+            return Err(store_error(
+                &self.root,
+                format!("restore name {token:?} is invalid"),
+            ));
+        }
+        let _shared = self.lock_store(false)?;
+        let dir = self.root.join("restores").join(token);
+        let lock = Lock::take(&lock_path(&dir))?;
+        let restore = RestoreDir {
+            dir: dir.clone(),
+            lock: Some(lock),
+        };
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| store_error(&self.root, format!("restore {token}: {e}")))?;
+        self.verify_blobs(&snap.digest, &snap.manifest)?;
+        for f in &snap.manifest.files {
+            let link = dir.join(&f.path);
+            if let Some(parent) = link.parent() {
+                make_private_dir(parent)?;
+            }
+            let blob = self.root.join("blobs/sha256").join(&f.sha256);
+            std::os::unix::fs::symlink(&blob, &link)
+                .map_err(|e| Error::io(format!("link {}", link.display()), e))?;
+        }
+        Ok(restore)
+    }
+}
+
+impl RestoreDir {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for RestoreDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+        if let Some(lock) = self.lock.take() {
+            lock.remove();
+        }
+    }
+}
+
+/// The blob names a restore directory's links point at.
+pub(super) fn link_targets(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match fs::read_link(&path) {
+                Ok(target) => {
+                    out.extend(target.file_name().map(|n| n.to_string_lossy().into_owned()))
+                }
+                Err(_) if path.is_dir() => stack.push(path),
+                Err(_) => {}
+            }
+        }
+    }
+    out
+}

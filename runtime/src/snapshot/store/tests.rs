@@ -1,0 +1,241 @@
+use std::{collections::BTreeMap, fs, os::unix::fs::PermissionsExt, path::Path};
+
+use super::{lock::lock_path, *};
+use crate::snapshot::{
+    manifest::{tests::sample, FILE_NAME},
+    oci::{self, Descriptor},
+};
+
+/// A sealed checkpoint in a fresh ingest of `store`: `files` as runsc would write them.
+fn sealed(store: &Store, token: &str, files: &[(&str, &[u8])]) -> Ingest {
+    let ingest = store.begin_ingest(token).unwrap();
+    for (name, bytes) in files {
+        fs::write(ingest.dir().join(name), bytes).unwrap();
+    }
+    let mut m = sample();
+    m.seal(ingest.dir(), 1).unwrap();
+    ingest
+}
+
+fn commit(store: &Store, ingest: Ingest) -> Committed {
+    store
+        .commit(
+            ingest,
+            Commit {
+                namespace: "default",
+                spec: br#"{"process":{}}"#,
+                subject: Some(Descriptor::new(
+                    oci::MANIFEST,
+                    &oci::sha256_digest(b"base"),
+                    4,
+                )),
+                annotations: BTreeMap::new(),
+            },
+        )
+        .unwrap()
+}
+
+#[test]
+fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Store::open(&tmp.path().join("a")).unwrap();
+    let files: &[(&str, &[u8])] = &[("checkpoint.img", b"state"), ("pages.img", b"pages")];
+    let c = commit(&a, sealed(&a, "default+one", files));
+    let snap = a.open_snapshot(&c.manifest.digest).unwrap();
+    let small: Vec<Vec<u8>> = [&snap.layout.chalk_manifest, &snap.layout.spec]
+        .iter()
+        .map(|d| a.read_blob(&d.digest).unwrap())
+        .chain([oci::EMPTY_DATA.to_vec()])
+        .collect();
+    let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+
+    // Host B already has pages.img (an earlier snapshot): only checkpoint.img is fetched.
+    let b = Store::open(&tmp.path().join("b")).unwrap();
+    b.put(b"pages", "").unwrap();
+    let ingest = b.begin_ingest("default+pulled").unwrap();
+    let state = oci::sha256_digest(b"state");
+    fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
+    let (got, _) = b
+        .import(ingest, "default", &c.manifest_bytes, &small)
+        .unwrap();
+    assert_eq!(
+        got.manifest.digest, c.manifest.digest,
+        "the same id on every host"
+    );
+    assert_eq!((got.stored, got.reused), (5, 5));
+    assert_eq!(
+        b.find_ref("default+pulled").unwrap().manifest,
+        c.manifest.digest
+    );
+    b.prepare_restore(&b.open_snapshot(&c.manifest.digest).unwrap(), "default+r")
+        .unwrap();
+
+    // A file that was never fetched: refused, and no ref is written.
+    let other = commit(&a, sealed(&a, "default+two", &[("pages.img", b"other")]));
+    let ingest = b.begin_ingest("default+half").unwrap();
+    let err = b
+        .import(ingest, "default", &other.manifest_bytes, &small)
+        .unwrap_err();
+    assert!(err.to_string().contains("was not fetched"), "{err}");
+    assert!(b.find_ref("default+half").is_none());
+}
+
+#[test]
+fn a_committed_snapshot_is_blobs_a_manifest_and_a_ref() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(&tmp.path().join("store")).unwrap();
+    let token = Store::token("default", "chalk.io/snapshots/web:2026");
+    assert_eq!(token, "default+chalk.io_snapshots_web_2026");
+    let ingest = sealed(
+        &store,
+        &token,
+        &[("checkpoint.img", b"state"), ("pages.img", b"pages")],
+    );
+    let dir = ingest.dir().to_path_buf();
+    assert_eq!(
+        Store::ingest_token_under(store.root(), &dir).as_deref(),
+        Some(token.as_str())
+    );
+    let c = commit(&store, ingest);
+    assert!(!dir.exists(), "the ingest directory goes once committed");
+    assert_eq!(c.stored, 10);
+    let pages = store.blob_path(&oci::sha256_digest(b"pages")).unwrap();
+    assert_eq!(fs::read(&pages).unwrap(), b"pages");
+    assert_eq!(
+        fs::metadata(&pages).unwrap().permissions().mode() & 0o777,
+        0o400
+    );
+    assert_eq!(
+        fs::metadata(store.root()).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let r = store.find_ref(&token).unwrap();
+    assert_eq!(r.manifest, c.manifest.digest);
+    let snap = store.open_snapshot(&c.manifest.digest).unwrap();
+    assert_eq!(snap.spec, br#"{"process":{}}"#);
+    assert_eq!(snap.layout.files.len(), 2);
+    assert_eq!(
+        snap.oci.subject.unwrap().digest,
+        oci::sha256_digest(b"base")
+    );
+    // The same files again are stored once.
+    let again = sealed(
+        &store,
+        "default+second",
+        &[("checkpoint.img", b"state"), ("pages.img", b"pages")],
+    );
+    let c2 = commit(&store, again);
+    assert_eq!((c2.stored, c2.reused), (0, 10));
+}
+
+#[test]
+fn a_restore_links_verified_blobs_and_refuses_a_changed_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(&tmp.path().join("store")).unwrap();
+    let ingest = sealed(&store, "default+s", &[("pages.img", b"pages")]);
+    let c = commit(&store, ingest);
+    let snap = store.open_snapshot(&c.manifest.digest).unwrap();
+    let restore = store.prepare_restore(&snap, "default+web+1").unwrap();
+    let link = restore.dir().join("pages.img");
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(fs::read(&link).unwrap(), b"pages");
+    let dir = restore.dir().to_path_buf();
+    drop(restore);
+    assert!(!dir.exists() && !lock_path(&dir).exists());
+    // Same size, other bytes: its identity changed, so it is hashed again and refused.
+    let blob = store.blob_path(&oci::sha256_digest(b"pages")).unwrap();
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(&blob, b"PAGES").unwrap();
+    let err = store
+        .prepare_restore(&snap, "default+web+2")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("changed or damaged") && err.contains("pages.img"),
+        "{err}"
+    );
+    assert!(!store.root().join("restores/default+web+2").exists());
+    // A missing blob is named.
+    fs::remove_file(&blob).unwrap();
+    let err = store
+        .prepare_restore(&snap, "default+web+3")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("missing"), "{err}");
+}
+
+#[test]
+fn gc_keeps_what_refs_and_restores_need_and_removes_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(&tmp.path().join("store")).unwrap();
+    let a = commit(
+        &store,
+        sealed(&store, "default+a", &[("pages.img", b"aaaa")]),
+    );
+    let b = commit(
+        &store,
+        sealed(&store, "default+b", &[("pages.img", b"bbbb")]),
+    );
+    // A crashed checkpoint: its directory and lock, held by nobody.
+    fs::create_dir(store.ingest_path("default+crashed")).unwrap();
+    fs::write(store.ingest_path("default+crashed").join("pages.img"), b"x").unwrap();
+    fs::write(store.root().join("ingest/default+crashed.lock"), b"").unwrap();
+    // Being written now (tokens have dots).
+    let live = store.begin_ingest("default+chalk.io_live").unwrap();
+    let _other = store.begin_ingest("default+chalk.io_other").unwrap();
+    assert_eq!(store.gc(&[]).unwrap().blobs_removed, 0);
+    assert!(!store.ingest_path("default+crashed").exists());
+    assert!(live.dir().exists());
+    // b's ref goes while a restore of b runs: b's blobs stay until the restore ends.
+    let snap_b = store.open_snapshot(&b.manifest.digest).unwrap();
+    let restoring = store.prepare_restore(&snap_b, "default+fork").unwrap();
+    store.remove_ref("default+b").unwrap();
+    let report = store.gc(&[]).unwrap();
+    assert_eq!(report.blobs_removed, 2, "{report:?}"); // its manifest, its chalk manifest
+    assert!(!store.blob_path(&b.manifest.digest).unwrap().exists());
+    assert_eq!(
+        fs::read(restoring.dir().join("pages.img")).unwrap(),
+        b"bbbb"
+    );
+    drop(restoring);
+    let report = store.gc(&[]).unwrap();
+    assert_eq!(
+        (report.blobs_removed, report.bytes_freed),
+        (1, 4),
+        "{report:?}"
+    );
+    assert!(store.open_snapshot(&a.manifest.digest).is_ok());
+    // A root given by the caller (a suspended sandbox's snapshot) is kept without a ref.
+    store.remove_ref("default+a").unwrap();
+    store.gc(std::slice::from_ref(&a.manifest.digest)).unwrap();
+    assert!(store.open_snapshot(&a.manifest.digest).is_ok());
+    store.gc(&[]).unwrap();
+    assert!(!store.blob_path(&a.manifest.digest).unwrap().exists());
+    drop(live);
+    store.gc(&[]).unwrap();
+    assert_eq!(store.usage(), 0);
+}
+
+#[test]
+fn bad_names_and_foreign_manifests_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(&tmp.path().join("store")).unwrap();
+    assert!(store.begin_ingest("../x").is_err());
+    assert!(store.begin_ingest(".hidden").is_err());
+    assert!(store.blob_path("sha256:../../etc").is_err());
+    assert!(Store::open(Path::new("relative")).is_err());
+    assert!(Store::ingest_token_under(store.root(), Path::new("/elsewhere/default+x")).is_none());
+    let _held = store.begin_ingest("default+same").unwrap();
+    assert!(store.begin_ingest("default+same").is_err());
+    // A blob that is no snapshot manifest.
+    let d = store.put(b"{}", oci::EMPTY).unwrap();
+    let err = store.open_snapshot(&d.digest).unwrap_err().to_string();
+    assert!(
+        err.contains("not a chalk snapshot") || err.contains("not an OCI"),
+        "{err}"
+    );
+    let _ = FILE_NAME;
+}
