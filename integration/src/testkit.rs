@@ -467,7 +467,9 @@ pub fn note(what: impl Into<String>) {
 fn recorded(name: &str, run: impl FnOnce() -> TestResult) -> TestResult {
     NOTES.with(|n| n.borrow_mut().clear());
     let started = Instant::now();
+    let watchdog = watch_for_a_hang(name);
     let result = run();
+    drop(watchdog);
     let Some(file) = std::env::var_os("CHALK_RESULTS").filter(|f| !f.is_empty()) else {
         return result;
     };
@@ -491,6 +493,29 @@ fn recorded(name: &str, run: impl FnOnce() -> TestResult) -> TestResult {
         );
     }
     result
+}
+
+/// How long one case may run (`CHALK_CASE_LIMIT_SECS`, default 15 min): past it the run stops
+/// naming the case, as SIGTERM stops it (`crate::stop`: the containerds torn down), rather than
+/// wait for ever on a hung client and use up CI's time with no name.
+fn watch_for_a_hang(name: &str) -> std::sync::mpsc::Sender<()> {
+    let limit = std::env::var("CHALK_CASE_LIMIT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(900);
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let name = name.to_string();
+    crate::stop::install();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            finished.recv_timeout(Duration::from_secs(limit))
+        {
+            eprintln!("case {name} has run for {limit} s: it hangs; stopping the run");
+            // SAFETY: raising a signal this process handles (crate::stop).
+            unsafe { libc::raise(libc::SIGTERM) };
+        }
+    });
+    done
 }
 
 /// A tmpfs of a few MiB mounted at a directory until dropped: a disk that fills up.
