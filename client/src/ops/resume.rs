@@ -41,6 +41,8 @@ pub fn resume_with(
     let Some(digest) = container.labels.get(chalk_labels::SUSPENDED_FROM).cloned() else {
         return Err(format!("sandbox {id} is not suspended").into());
     };
+    // An interrupted suspend may have left the stopped task behind.
+    crate::records::sandboxes::task_of(client, &container)?;
     let p = parts(client, &snapshots::find(client, &digest)?.index)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
     let pid = progress.during(

@@ -46,12 +46,28 @@ pub fn chalk_container(client: &Client, id: &str) -> Result<Container> {
     Ok(c)
 }
 
+/// The task of sandbox `c` (its status and pid). A suspend whose taker ended after labelling
+/// the sandbox with its snapshot but before removing the task the checkpoint stopped is
+/// finished here: that task goes, and the sandbox reads suspended.
+pub fn task_of(client: &Client, c: &Container) -> Result<Option<(String, u32)>> {
+    let task = client.task_status(&c.id)?;
+    match &task {
+        Some((status, _))
+            if status == "stopped" && c.labels.contains_key(chalk_labels::SUSPENDED_FROM) =>
+        {
+            client.delete_stopped_task(&c.id)?;
+            Ok(None)
+        }
+        _ => Ok(task),
+    }
+}
+
 fn describe(
     client: &Client,
     c: &Container,
     snaps: &[crate::records::registry::Snapshot],
 ) -> Result<Value> {
-    let task = client.task_status(&c.id)?;
+    let task = task_of(client, c)?;
     let status = match (&task, c.labels.get(chalk_labels::SUSPENDED_FROM)) {
         (None, Some(_)) => "suspended".to_string(),
         (None, None) => "stopped".to_string(),
