@@ -773,10 +773,16 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
             PathBuf::from(runsc).display()
         ));
     }
+    // A CRI node lets the tests' namespace start pods from snapshots (chalk.io/restore-from).
+    let restore = if matches!(setup, Setup::Cri { .. }) {
+        "\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\n"
+    } else {
+        ""
+    };
     // Snapshots of this containerd in a store of its own: a store's gc answers to one
     // containerd's records.
     format!(
-        "{head}{out}\n[snapshot]\nstore = \"{}\"\n",
+        "{head}{out}\n[snapshot]\nstore = \"{}\"\n{restore}",
         snapshot_store(d).display()
     )
 }

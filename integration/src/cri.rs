@@ -9,9 +9,9 @@ use k8s_cri::v1::{
     ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStats, ContainerStatsRequest,
     ContainerStatus, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, ListImagesRequest,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest,
+    ListPodSandboxRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 
 pub use k8s_cri::v1::ContainerState;
@@ -63,6 +63,18 @@ impl Cri {
     /// RunPodSandbox with `handler`; a host-network pod unless `pod_network` (then the CNI
     /// network gives it its own). Returns the pod sandbox id.
     pub fn run_pod(&self, name: &str, handler: &str, pod_network: bool) -> Result<String, String> {
+        self.run_pod_with(name, handler, pod_network, "default", &[])
+    }
+
+    /// As [`Cri::run_pod`], in Kubernetes namespace `namespace`, with pod `annotations`.
+    pub fn run_pod_with(
+        &self,
+        name: &str,
+        handler: &str,
+        pod_network: bool,
+        namespace: &str,
+        annotations: &[(&str, &str)],
+    ) -> Result<String, String> {
         let network = if pod_network {
             NamespaceMode::Pod
         } else {
@@ -72,9 +84,13 @@ impl Cri {
             metadata: Some(PodSandboxMetadata {
                 name: name.into(),
                 uid: format!("uid-{name}"),
-                namespace: "default".into(),
+                namespace: namespace.into(),
                 attempt: 0,
             }),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             hostname: name.into(),
             log_directory: std::env::temp_dir()
                 .join(format!("chalk-cri-logs-{name}"))
@@ -262,6 +278,20 @@ impl Cri {
             })),
         )
         .map(drop)
+    }
+
+    /// The ids of the pod sandboxes CRI knows by `name` (in any state).
+    pub fn pods_named(&self, name: &str) -> Result<Vec<String>, String> {
+        let client = &mut self.client();
+        let r = self.call(
+            "ListPodSandbox",
+            client.list_pod_sandbox(Request::new(ListPodSandboxRequest { filter: None })),
+        )?;
+        Ok(r.items
+            .into_iter()
+            .filter(|p| p.metadata.as_ref().is_some_and(|m| m.name == name))
+            .map(|p| p.id)
+            .collect())
     }
 
     /// The ids of the containers CRI knows in `pod`.

@@ -9,12 +9,13 @@ use std::{
 
 use chalk_integration::{
     cases,
-    containerd::{CRI_HANDLER, IMAGE},
+    containerd::{CRI_HANDLER, IMAGE, PAUSE_IMAGE},
     cri::{ContainerState, Cri},
     ensure, procs,
     testkit::{self, Env, Failed, TestResult},
     Containerd,
 };
+use chalk_runtime::pod_restore::RESTORE_FROM;
 
 /// The shared environment with containerd's CRI plugin as a client.
 struct CriEnv {
@@ -418,6 +419,150 @@ fn pod_fork_restores_every_container(e: &CriEnv) -> TestResult {
     e.stop_and_remove(&pod)
 }
 
+/// `chalk.io/restore-from` on a new pod: its sandbox and each of its containers come up as
+/// the snapshot's restore (memory and processes carry on), as a real pod of CRI's; a container
+/// the snapshot lacks is refused by name; the source runs on throughout.
+fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
+    let source = e.cri.run_pod("origin", CRI_HANDLER, false)?;
+    let web = e.cri.run_container(&source, "web", IMAGE, COUNTER)?;
+    let side_cmd = &[
+        "/bin/sh",
+        "-c",
+        "echo side-state > /tmp/side; while true; do sleep 1; done",
+    ];
+    e.cri.run_container(&source, "side", IMAGE, side_cmd)?;
+    std::thread::sleep(Duration::from_millis(2500));
+    let out = e.chalkctl(&["snapshot", "create", "--id", &source, "-o", "json"]);
+    ensure!(out.code == 0, "pod snapshot: {out:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).map_err(|err| format!("{err}: {out:?}"))?;
+    let snapshot = v["id"].as_str().unwrap_or_default().to_string();
+    let at_snapshot = e.counter(&web)?;
+
+    let started = Instant::now();
+    let pod = e.cri.run_pod_with(
+        "restored",
+        CRI_HANDLER,
+        false,
+        "default",
+        &[(RESTORE_FROM, &snapshot)],
+    )?;
+    let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
+    let side2 = e.cri.run_container(&pod, "side", IMAGE, side_cmd)?;
+    let running_in = started.elapsed();
+    ensure!(
+        e.processes_for(&pod) == (1, 1),
+        "the restored pod should be one sandbox under one shim: {:?}",
+        e.processes_for(&pod)
+    );
+    // Memory carried on: web's counter from the snapshot's value, side's file.
+    let n = e.counter(&web2)?;
+    ensure!(
+        n + 1 >= at_snapshot,
+        "the restored web counts from {n}, the source had {at_snapshot} at the snapshot"
+    );
+    let r = e
+        .cri
+        .exec_sync(&side2, &["cat", "/tmp/side"], 10 * SECOND)?;
+    ensure!(
+        r.stdout == "side-state\n",
+        "the restored side lost its memory: {r:?}"
+    );
+    for id in [&web2, &side2] {
+        let s = e.cri.container_status(id)?;
+        ensure!(
+            s.state == ContainerState::ContainerRunning as i32,
+            "{id} is {:?} in the restored pod",
+            s.state
+        );
+    }
+    // A container the snapshot does not hold is refused, by name.
+    let other = e.cri.create_container(&pod, "intruder", IMAGE, COUNTER)?;
+    let refused = e.cri.start_container(&other);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("\"intruder\"") && m.contains("\"web\"")),
+        "a container the snapshot lacks: {refused:?}"
+    );
+    e.cri.remove_container(&other)?;
+    // One of the snapshot's names on another image is refused too: the image must match by
+    // digest.
+    let wrong = e.cri.run_pod_with(
+        "restored-on-another-image",
+        CRI_HANDLER,
+        false,
+        "default",
+        &[(RESTORE_FROM, &snapshot)],
+    )?;
+    let web3 = e
+        .cri
+        .create_container(&wrong, "web", PAUSE_IMAGE, COUNTER)?;
+    let refused = e.cri.start_container(&web3);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("by digest") && m.contains("\"web\"")),
+        "the snapshot's container on another image: {refused:?}"
+    );
+    e.stop_and_remove(&wrong)?;
+    // The source ran on, and both go their own ways.
+    ensure!(
+        e.counter(&web)? >= at_snapshot,
+        "the source stopped counting"
+    );
+    eprintln!("pod from a snapshot (2 containers) running in {running_in:?}");
+    e.stop_and_remove(&pod)?;
+    e.stop_and_remove(&source)?;
+    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    Ok(())
+}
+
+/// A pod whose `chalk.io/restore-from` names a missing snapshot, says no digest, or is in a
+/// namespace the node does not allow fails at RunPodSandbox with the reason, and leaves no
+/// pod, shim or sandbox (any runsc: this is refused before runsc is asked).
+fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> TestResult {
+    let missing = format!("sha256:{}", "0".repeat(64));
+    for (name, namespace, value, why) in [
+        (
+            "from-missing",
+            "default",
+            missing.as_str(),
+            "not in this node's store",
+        ),
+        ("from-a-tag", "default", "latest", "not pinned by digest"),
+        (
+            "from-elsewhere",
+            "other",
+            missing.as_str(),
+            "may not start pods from snapshots",
+        ),
+    ] {
+        let got = e.cri.run_pod_with(
+            name,
+            CRI_HANDLER,
+            false,
+            namespace,
+            &[(RESTORE_FROM, value)],
+        );
+        ensure!(
+            got.as_ref().is_err_and(|m| m.contains(why)),
+            "pod {name} ({value} in {namespace}): {got:?}"
+        );
+        let left = e.cri.pods_named(name)?;
+        for pod in &left {
+            // CRI may keep a NotReady record of a failed RunPodSandbox: it must hold nothing.
+            ensure!(
+                e.processes_for(pod) == (0, 0),
+                "the refused pod {name} left processes: {:?}",
+                e.processes_for(pod)
+            );
+            e.cri.remove_pod(pod)?;
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let c = Containerd::start_cri(None, None)
         .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -428,12 +573,16 @@ fn main() {
         pod_runs_its_containers_in_one_sandbox,
         a_failing_container_leaves_its_pod_running,
         pod_snapshot_keeps_the_pod_running,
+        a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why,
     ]
     .into_iter()
     .chain(
-        cases![pod_fork_restores_every_container]
-            .into_iter()
-            .map(|c| c.ignored_if(old_runsc)),
+        cases![
+            pod_fork_restores_every_container,
+            a_pod_starts_from_a_snapshot
+        ]
+        .into_iter()
+        .map(|c| c.ignored_if(old_runsc)),
     )
     .collect();
     testkit::run(

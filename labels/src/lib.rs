@@ -27,6 +27,11 @@ pub const GPU_ANNOTATION: &str = "chalk.io/gpu";
 /// fork; read by the shim, which copies that pod's bind-mounted files (hosts, resolv.conf,
 /// shm...) for the fork instead of sharing them with the source.
 pub const PRIVATE_MOUNTS_OF: &str = "chalk.io/private-mounts-of";
+/// On a pod: the snapshot its sandbox and containers start from, `sha256:<digest>` (in the
+/// node's store) or `REF@sha256:<digest>` (in a registry). Written by users, the node agent or
+/// a controller's pod template; reaches the shim through CRI (`pod_annotations`), which restores
+/// the pod from it where the runtime options' `[restore_from]` allow.
+pub const RESTORE_FROM: &str = "chalk.io/restore-from";
 
 // Container labels.
 
@@ -113,6 +118,7 @@ pub const ALL: &[&str] = &[
     HOOKS_ANNOTATION,
     GPU_ANNOTATION,
     PRIVATE_MOUNTS_OF,
+    RESTORE_FROM,
     EXPIRES_AT_LABEL,
     NAME_LABEL,
     FORKED_FROM,

@@ -25,6 +25,7 @@ pub mod ids;
 pub mod lifetime;
 pub mod netns;
 pub mod options;
+pub mod pod_restore;
 pub mod runsc;
 pub mod snapshot;
 pub mod spec;

@@ -17,6 +17,9 @@
 //! check_free_space = true          # refuse a checkpoint its filesystem has no room for
 //! store = "/var/lib/chalk/snapshots" # where chalkctl's snapshots are kept, as blobs
 //! lazy_restore = true              # let restores run before all memory is loaded, where runsc can
+//! [restore_from]                   # pods annotated chalk.io/restore-from start from a snapshot
+//! enabled = false
+//! namespaces = ["agents"]          # the Kubernetes namespaces allowed ("*": any)
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back
@@ -69,6 +72,9 @@ pub struct RuntimeOptions {
     pub gpu: chalk_hooks::GpuOptions,
     #[serde(default)]
     pub snapshot: SnapshotOptions,
+    /// Pods that start from a snapshot (`chalk.io/restore-from`): off unless enabled.
+    #[serde(default)]
+    pub restore_from: crate::pod_restore::RestoreFromOptions,
 }
 
 /// `[snapshot]`: how checkpoints are taken.
@@ -127,6 +133,7 @@ impl Default for RuntimeOptions {
             allow_annotation_hooks: false,
             gpu: chalk_hooks::GpuOptions::default(),
             snapshot: SnapshotOptions::default(),
+            restore_from: Default::default(),
         }
     }
 }
@@ -264,6 +271,20 @@ mod tests {
             o.runsc_root("k8s.io").unwrap(),
             PathBuf::from("/run/chalk/k8s.io")
         );
+    }
+
+    #[test]
+    fn restoring_pods_from_snapshots_is_off_until_enabled_and_typos_are_named() {
+        assert!(!RuntimeOptions::default().restore_from.enabled);
+        let o = RuntimeOptions::parse(
+            "[restore_from]\nenabled = true\nnamespaces = [\"agents\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert!(o.restore_from.enabled);
+        assert_eq!(o.restore_from.namespaces, ["agents"]);
+        let err = RuntimeOptions::parse("[restore_from]\nenable = true\n", "t").unwrap_err();
+        assert!(err.to_string().contains("enable"), "{err}");
     }
 
     #[test]

@@ -173,6 +173,11 @@ pub struct RestoreFrom {
     /// How many pod containers the sandbox held besides its own (each is restored into it
     /// when it starts).
     pub pod_members: usize,
+    /// Those containers (CRI name, image and its digest): a container joining the restored pod
+    /// must be one of them, on the same image.
+    pub members: Vec<chalk_runtime::snapshot::extra::PodMember>,
+    /// The store's snapshot it comes from (empty: a checkpoint directory of runsc's files).
+    pub snapshot: String,
     /// The terminal the sandbox's init had, for its new one.
     pub terminal: Option<TerminalState>,
     /// Set when `dir` is containerd's unpacked copy: removed once runsc has it (or with the

@@ -659,6 +659,7 @@ mod tests {
             id: "x".into(),
             name: name.into(),
             image: "i".into(),
+            image_digest: None,
             spec: Value::Null,
         };
         let ids = member_ids("pf", &[member("web"), member("side")]).unwrap();

@@ -48,6 +48,10 @@ pub struct PodMember {
     /// Its CRI name (`io.kubernetes.cri.container-name`): runsc restores it by that name.
     pub name: String,
     pub image: String,
+    /// The digest `image` named when the snapshot was taken: a pod that starts from the
+    /// snapshot must run the same image (absent in snapshots from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     /// The spec as runsc ran it: a fork recreates the container from it.
     pub spec: Value,
 }

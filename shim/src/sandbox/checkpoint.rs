@@ -148,7 +148,9 @@ impl Sandboxes {
         }
         manifest.extra.gpu = handed.as_ref().map(|(_, h)| h.facts.clone());
         if !members.is_empty() {
-            manifest.extra.pod = Some(pod_facts(&members));
+            manifest.extra.pod = Some(pod_facts(&members, |id| {
+                self.records().image_of(id).ok().flatten().map(|i| i.digest)
+            }));
         }
         let runsc_time = started.elapsed();
         chalk_runtime::fault::point("seal", &c.id);
@@ -525,8 +527,9 @@ fn check_pod_checkpoint(c: &Container, members: usize, suspend: bool) -> Result<
     Ok(())
 }
 
-/// What a manifest records of a pod's other containers: id, CRI name, image and spec.
-fn pod_facts(members: &[Arc<Container>]) -> PodFacts {
+/// What a manifest records of a pod's other containers: id, CRI name, image (with the digest
+/// `digest_of` finds for a container) and spec.
+fn pod_facts(members: &[Arc<Container>], digest_of: impl Fn(&str) -> Option<String>) -> PodFacts {
     let containers = members
         .iter()
         .map(|m| {
@@ -546,6 +549,7 @@ fn pod_facts(members: &[Arc<Container>]) -> PodFacts {
                 id: m.id.clone(),
                 name,
                 image,
+                image_digest: digest_of(&m.id),
                 spec,
             }
         })

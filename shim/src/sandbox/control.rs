@@ -1,7 +1,7 @@
 //! The calls on a running container: Kill, Wait, State, Pause and Resume, Pids, Stats,
 //! Update, CloseIO, ResizePty, Connect.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::atomic::Ordering, time::Duration};
 
 use chalk_runtime::{
     state::{self, Event as Transition, Status},
@@ -75,6 +75,13 @@ impl Sandboxes {
             _ => {}
         }
         drop(st);
+        if exec_id.is_empty() && c.pending_pod_members.load(Ordering::SeqCst) > 0 {
+            // A restored pod sandbox still waiting for its containers has no process back in
+            // it for runsc to signal: any signal ends the sandbox process, which is ours.
+            log::info!("pod sandbox {id}: signal {signal} before all its containers were restored: it ends");
+            crate::container::kill_pid(pid);
+            return Ok(());
+        }
         let target = (!exec_id.is_empty()).then_some(pid as i32);
         let mut killed = c.runtime.kill(id, signal, all, target);
         if killed.is_ok()

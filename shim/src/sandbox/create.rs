@@ -114,7 +114,7 @@ impl Sandboxes {
         let invalid = |e: String| ShimError::InvalidArgument(format!("container {id}: {e}"));
         let placement = Placement::of(&spec).map_err(invalid)?;
         if let Placement::InPod { sandbox_id } = &placement {
-            self.check_pod_sandbox(id, sandbox_id, &checkpoint)?;
+            self.check_pod_sandbox(id, sandbox_id, &checkpoint, &spec)?;
         }
         let hooks = chalk_hooks::config::container_hooks(
             &opts.hooks,
@@ -160,16 +160,17 @@ impl Sandboxes {
             armed: true,
         };
         // A restore is verified before anything but the record is made for it.
+        let to = super::restore::Into {
+            id,
+            runtime: &*runtime,
+            features: &features,
+            spec: &adapted,
+            options: &opts.snapshot,
+        };
         let restore_from = match checkpoint.as_str() {
-            "" => None,
+            // A pod's sandbox may ask to start from a snapshot (chalk.io/restore-from).
+            "" => self.pod_restore_from(&spec, &opts, to)?,
             dir => {
-                let to = super::restore::Into {
-                    id,
-                    runtime: &*runtime,
-                    features: &features,
-                    spec: &adapted,
-                    options: &opts.snapshot,
-                };
                 let from = self.verify_restore(Path::new(dir), to)?;
                 *from.unpacked.lock().unwrap() = unpacked.take();
                 Some(from)

@@ -14,6 +14,7 @@ mod exec;
 mod exits;
 mod launch;
 mod pod;
+mod pod_restore;
 mod restore;
 mod start;
 #[cfg(test)]

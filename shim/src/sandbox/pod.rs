@@ -40,6 +40,7 @@ impl Sandboxes {
         id: &str,
         sandbox_id: &str,
         checkpoint: &str,
+        spec: &serde_json::Value,
     ) -> Result<()> {
         let sandbox = self.container(sandbox_id).map_err(|_| {
             ShimError::FailedPrecondition(format!(
@@ -57,7 +58,7 @@ impl Sandboxes {
                  the whole sandbox ({sandbox_id})"
             )));
         }
-        Ok(())
+        self.check_restored_member(id, &sandbox, spec)
     }
 
     /// A pod container of a sandbox being restored has started (and so been restored into

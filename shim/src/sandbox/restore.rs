@@ -39,11 +39,30 @@ impl Sandboxes {
                 dir.display()
             )));
         }
+        match Pointer::read(dir)? {
+            Some(pointer) => self.verify(&pointer.snapshot, dir, to),
+            None => self.verify("", dir, to),
+        }
+    }
+
+    /// Checks that snapshot `id` of the store (a pod's `chalk.io/restore-from`) may be
+    /// restored as `to`.
+    pub(super) fn verify_stored(&self, id: &str, to: Into) -> Result<RestoreFrom> {
+        self.verify(id, &to.options.store.clone(), to)
+    }
+
+    /// `stored`: the store's snapshot to restore from; empty: runsc's files in `dir`.
+    fn verify(&self, stored: &str, dir: &Path, to: Into) -> Result<RestoreFrom> {
         let started = Instant::now();
-        let (m, linked) = match Pointer::read(dir)? {
-            Some(pointer) => {
+        let (m, linked) = match stored {
+            "" => {
+                let m = Manifest::load(dir)?;
+                m.verify_files(dir, 0)?;
+                (m, None)
+            }
+            stored => {
                 let store = Store::open(&to.options.store)?;
-                let snap = store.open_snapshot(&pointer.snapshot)?;
+                let snap = store.open_snapshot(stored)?;
                 let token = format!(
                     "{}+{}+{}",
                     self.namespace(),
@@ -54,11 +73,6 @@ impl Sandboxes {
                 );
                 let linked = store.prepare_restore(&snap, &token)?;
                 (snap.manifest, Some(linked))
-            }
-            None => {
-                let m = Manifest::load(dir)?;
-                m.verify_files(dir, 0)?;
-                (m, None)
             }
         };
         let from = linked.as_ref().map_or(dir, RestoreDir::dir);
@@ -84,7 +98,11 @@ impl Sandboxes {
         log::info!(
             "container {}: snapshot {} ({} bytes) verified in {:?}{}",
             to.id,
-            dir.display(),
+            if stored.is_empty() {
+                dir.display().to_string()
+            } else {
+                stored.to_string()
+            },
             m.total_size(),
             started.elapsed(),
             if linked.is_some() {
@@ -98,6 +116,13 @@ impl Sandboxes {
             dir: from.to_path_buf(),
             cuda_pids: m.extra.moved_pids(),
             pod_members: m.extra.pod_members(),
+            members: m
+                .extra
+                .pod
+                .as_ref()
+                .map(|p| p.containers.clone())
+                .unwrap_or_default(),
+            snapshot: stored.to_string(),
             terminal: m.terminal.clone(),
             unpacked: Default::default(),
             linked: std::sync::Mutex::new(linked),

@@ -5,3 +5,4 @@
 mod checkpoint;
 mod fakes;
 mod lifecycle;
+mod pod_restore;

@@ -1,0 +1,254 @@
+//! A pod that starts from a snapshot (`chalk.io/restore-from`): what the annotation may say,
+//! whether this node lets a pod's namespace use it, and how the new pod's containers match the
+//! snapshot's. Pure: the shim applies it at Create.
+//!
+//! The new pod's spec governs everything a container may reach (mounts, devices,
+//! capabilities, annotations, limits): the snapshot gives memory and process state only.
+
+use serde::{Deserialize, Serialize};
+
+pub use chalk_labels::RESTORE_FROM;
+
+/// CRI's annotations of a pod's namespace and name (on the sandbox container's spec).
+pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+/// CRI's annotation of a pod container's name.
+pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+
+/// `[restore_from]` of the runtime options: off unless a node admin turns it on, and then
+/// only for the Kubernetes namespaces listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreFromOptions {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The pods' namespaces that may start from a snapshot; `"*"` is any.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+}
+
+/// What `chalk.io/restore-from` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreSource {
+    /// A snapshot in this node's store, by its id (the digest of its OCI manifest).
+    Local { id: String },
+    /// A snapshot in a registry, pinned by digest: pulled into the store first.
+    Remote { reference: String, id: String },
+}
+
+impl RestoreSource {
+    pub fn parse(value: &str) -> Result<RestoreSource, String> {
+        let value = value.trim();
+        let form = "give `sha256:<64 hex digits>` (a snapshot in this node's store) or \
+                    `REGISTRY/REPOSITORY@sha256:<64 hex digits>`";
+        if is_digest(value) {
+            return Ok(RestoreSource::Local { id: value.into() });
+        }
+        match value.rsplit_once('@') {
+            Some((reference, id)) if is_digest(id) && valid_reference(reference) => {
+                Ok(RestoreSource::Remote {
+                    reference: reference.into(),
+                    id: id.into(),
+                })
+            }
+            Some((_, id)) if !is_digest(id) => Err(format!(
+                "{RESTORE_FROM} {value:?}: {id:?} is no sha256 digest: {form}"
+            )),
+            Some(_) => Err(format!(
+                "{RESTORE_FROM} {value:?}: the reference before @ is not a registry reference: \
+                 {form}"
+            )),
+            None => Err(format!(
+                "{RESTORE_FROM} {value:?} is not pinned by digest (a tag could move): {form}"
+            )),
+        }
+    }
+
+    /// The snapshot's id, wherever it is.
+    pub fn id(&self) -> &str {
+        match self {
+            RestoreSource::Local { id } | RestoreSource::Remote { id, .. } => id,
+        }
+    }
+}
+
+fn is_digest(s: &str) -> bool {
+    s.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// `host[:port]/path` with the characters a registry reference may have, and no tag (the
+/// digest pins it).
+fn valid_reference(r: &str) -> bool {
+    let Some((host, path)) = r.split_once('/') else {
+        return false;
+    };
+    let ok = |s: &str, extra: &[u8]| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || extra.contains(&b))
+    };
+    ok(host, b".-:") && path.split('/').all(|p| ok(p, b"._-")) && !r.contains("..")
+}
+
+/// Whether pods of Kubernetes namespace `namespace` may start from a snapshot here; if not,
+/// the refusal in words, with what a node admin would change.
+pub fn admit(opts: &RestoreFromOptions, namespace: &str, pod: &str) -> Result<(), String> {
+    if !opts.enabled {
+        return Err(format!(
+            "pod {namespace}/{pod} asks to start from a snapshot ({RESTORE_FROM}), which this \
+             node does not allow: its runtime options need [restore_from] enabled = true and \
+             the namespace in namespaces"
+        ));
+    }
+    if !opts.namespaces.iter().any(|n| n == namespace || n == "*") {
+        return Err(format!(
+            "pod {namespace}/{pod}: namespace {namespace:?} may not start pods from snapshots \
+             on this node (allowed: {:?}; see [restore_from] namespaces in the runtime options)",
+            opts.namespaces
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the new pod's container `name` against the containers the snapshot holds
+/// (`snapshot_names`), and says which one it is.
+pub fn match_member<'a>(
+    snapshot: &str,
+    snapshot_names: &'a [String],
+    name: &str,
+) -> Result<&'a str, String> {
+    snapshot_names
+        .iter()
+        .find(|n| *n == name)
+        .map(String::as_str)
+        .ok_or_else(|| {
+            format!(
+                "container {name:?} is not in snapshot {snapshot}, which holds {}: a pod that \
+                 starts from a snapshot has the snapshot's containers, by name",
+                list(snapshot_names)
+            )
+        })
+}
+
+/// Container `name` of a pod that starts from a snapshot runs the image (`runs`, by digest)
+/// the snapshot's ran (`wanted`).
+pub fn same_image(name: &str, wanted: &str, runs: Option<&str>) -> Result<(), String> {
+    match runs {
+        Some(d) if d == wanted => Ok(()),
+        Some(d) => Err(format!(
+            "container {name:?} runs image {d}, but the snapshot's ran {wanted}: a restore needs              the same image by digest (pin the pod's image to it)"
+        )),
+        None => Err(format!(
+            "container {name:?} has no image record to compare with the snapshot's ({wanted})"
+        )),
+    }
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "no containers besides its sandbox".into()
+    } else {
+        names
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_local_id_and_a_pinned_reference_parse() {
+        assert_eq!(
+            RestoreSource::parse(D).unwrap(),
+            RestoreSource::Local { id: D.into() }
+        );
+        let r = RestoreSource::parse(&format!("127.0.0.1:5000/snaps/app@{D}")).unwrap();
+        assert_eq!(
+            r,
+            RestoreSource::Remote {
+                reference: "127.0.0.1:5000/snaps/app".into(),
+                id: D.into()
+            }
+        );
+        assert_eq!(r.id(), D);
+    }
+
+    #[test]
+    fn bad_sources_are_refused_with_the_form_to_use() {
+        for bad in [
+            "",
+            "sha256:abc",
+            "latest",
+            "registry.example/app:v1",
+            &format!("registry.example/app@{}", &D[..70]),
+            &format!("app@{D}"),
+            &format!("Registry.example/App@{D}"),
+            &format!("host/../x@{D}"),
+            &D.to_uppercase(),
+        ] {
+            let err = RestoreSource::parse(bad).unwrap_err();
+            assert!(
+                err.contains(RESTORE_FROM) && err.contains("sha256:<64"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn admission_is_off_by_default_and_then_by_namespace() {
+        let off = RestoreFromOptions::default();
+        let err = admit(&off, "default", "p").unwrap_err();
+        assert!(err.contains("enabled = true"), "{err}");
+        let on = RestoreFromOptions {
+            enabled: true,
+            namespaces: vec!["agents".into()],
+        };
+        assert!(admit(&on, "agents", "p").is_ok());
+        let err = admit(&on, "default", "p").unwrap_err();
+        assert!(
+            err.contains("\"default\"") && err.contains("agents"),
+            "{err}"
+        );
+        let any = RestoreFromOptions {
+            enabled: true,
+            namespaces: vec!["*".into()],
+        };
+        assert!(admit(&any, "whatever", "p").is_ok());
+    }
+
+    #[test]
+    fn a_member_runs_the_snapshots_image_by_digest() {
+        assert!(same_image("web", D, Some(D)).is_ok());
+        let other = D.replace('0', "f");
+        let err = same_image("web", D, Some(&other)).unwrap_err();
+        assert!(
+            err.contains(&other) && err.contains(D) && err.contains("by digest"),
+            "{err}"
+        );
+        assert!(same_image("web", D, None).is_err());
+    }
+
+    #[test]
+    fn containers_match_the_snapshots_by_name() {
+        let names = vec!["web".to_string(), "side".to_string()];
+        assert_eq!(match_member(D, &names, "side").unwrap(), "side");
+        let err = match_member(D, &names, "other").unwrap_err();
+        assert!(
+            err.contains("\"other\"") && err.contains("\"web\", \"side\""),
+            "{err}"
+        );
+        let err = match_member(D, &[], "web").unwrap_err();
+        assert!(err.contains("no containers"), "{err}");
+    }
+}

@@ -1,0 +1,112 @@
+//! A Kubernetes pod that starts from a snapshot: its sandbox container's spec carries
+//! `chalk.io/restore-from` (a pod annotation that CRI passes to the runtime), so its Create
+//! becomes a restore of the snapshot's whole sandbox, verified here as any restore is and
+//! under the new pod's spec; each of its containers then joins it by name (see `pod.rs`).
+//! Off unless the runtime options' `[restore_from]` allow the pod's namespace.
+
+use chalk_runtime::{
+    options::RuntimeOptions,
+    pod_restore::CRI_SANDBOX_NAMESPACE,
+    pod_restore::{self, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, RESTORE_FROM},
+    spec::CRI_CONTAINER_TYPE,
+};
+use serde_json::Value;
+
+use super::{restore::Into, Sandboxes};
+use crate::container::{Container, RestoreFrom};
+use crate::errors::{Result, ShimError};
+
+fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
+    spec.get("annotations")?.get(key)?.as_str()
+}
+
+impl Sandboxes {
+    /// The snapshot pod sandbox container `to.id` starts from, verified; None unless its spec
+    /// asks for one. A refusal names its reason; nothing has been made yet.
+    pub(super) fn pod_restore_from(
+        &self,
+        spec: &Value,
+        opts: &RuntimeOptions,
+        to: Into,
+    ) -> Result<Option<RestoreFrom>> {
+        let Some(asked) = annotation(spec, RESTORE_FROM) else {
+            return Ok(None);
+        };
+        match annotation(spec, CRI_CONTAINER_TYPE) {
+            Some("sandbox") => {}
+            // CRI passes pod annotations to each container too: only the sandbox restores.
+            Some(_) => return Ok(None),
+            None => {
+                return Err(ShimError::InvalidArgument(format!(
+                    "container {}: {RESTORE_FROM} is a pod annotation (Kubernetes, through CRI);                      a container outside a pod starts from a snapshot with `chalkctl fork                      --snapshot-id {asked}` or `ctr containers restore`",
+                    to.id
+                )))
+            }
+        }
+        let namespace = annotation(spec, CRI_SANDBOX_NAMESPACE).unwrap_or_default();
+        let pod = annotation(spec, CRI_SANDBOX_NAME).unwrap_or(to.id);
+        pod_restore::admit(&opts.restore_from, namespace, pod)
+            .map_err(ShimError::FailedPrecondition)?;
+        let source = RestoreSource::parse(asked).map_err(ShimError::InvalidArgument)?;
+        let id = source.id().to_string();
+        let store = chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)?;
+        if store.open_snapshot(&id).is_err() {
+            let how = match &source {
+                RestoreSource::Local { .. } => "take it on this node or pull it here".to_string(),
+                RestoreSource::Remote { reference, .. } => format!(
+                    "pull it first (`chalkctl snapshot pull {reference}@{id}`): this shim does \
+                     not fetch from registries at pod creation yet"
+                ),
+            };
+            return Err(ShimError::FailedPrecondition(format!(
+                "pod {namespace}/{pod}: snapshot {id} ({RESTORE_FROM}) is not in this node's \
+                 store ({}): {how}",
+                opts.snapshot.store.display()
+            )));
+        }
+        let from = self
+            .verify_stored(&id, to)
+            .map_err(|e| prefixed(&format!("pod {namespace}/{pod} from {id}"), e))?;
+        log::info!(
+            "pod {namespace}/{pod}: starts from snapshot {id} with containers {:?}",
+            from.members.iter().map(|m| &m.name).collect::<Vec<_>>()
+        );
+        Ok(Some(from))
+    }
+
+    /// A container joining pod sandbox `sandbox` that starts from a snapshot must be one of
+    /// the snapshot's containers, by its CRI name, on the same image by digest.
+    pub(super) fn check_restored_member(
+        &self,
+        id: &str,
+        sandbox: &Container,
+        spec: &Value,
+    ) -> Result<()> {
+        let Some(from) = sandbox.restore_from.as_ref() else {
+            return Ok(());
+        };
+        if from.snapshot.is_empty() && from.members.is_empty() {
+            return Ok(());
+        }
+        let refused = |e: String| ShimError::FailedPrecondition(format!("container {id}: {e}"));
+        let name = annotation(spec, CRI_CONTAINER_NAME).unwrap_or(id);
+        let names: Vec<String> = from.members.iter().map(|m| m.name.clone()).collect();
+        let matched = pod_restore::match_member(&from.snapshot, &names, name).map_err(refused)?;
+        let member = from.members.iter().find(|m| m.name == matched);
+        if let Some(wanted) = member.and_then(|m| m.image_digest.as_deref()) {
+            let runs = self.records().image_of(id)?;
+            pod_restore::same_image(name, wanted, runs.as_ref().map(|i| i.digest.as_str()))
+                .map_err(refused)?;
+        }
+        Ok(())
+    }
+}
+
+/// The error with `what` in front, of the same kind.
+fn prefixed(what: &str, e: ShimError) -> ShimError {
+    match e {
+        ShimError::InvalidArgument(m) => ShimError::InvalidArgument(format!("{what}: {m}")),
+        ShimError::FailedPrecondition(m) => ShimError::FailedPrecondition(format!("{what}: {m}")),
+        other => other,
+    }
+}
