@@ -775,7 +775,7 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
     }
     // A CRI node lets the tests' namespace start pods from snapshots (chalk.io/restore-from).
     let restore = if matches!(setup, Setup::Cri { .. }) {
-        "\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\n"
+        "\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\nwait_secs = 8\n"
     } else {
         ""
     };

@@ -423,6 +423,7 @@ fn pod_fork_restores_every_container(e: &CriEnv) -> TestResult {
 /// the snapshot's restore (memory and processes carry on), as a real pod of CRI's; a container
 /// the snapshot lacks is refused by name; the source runs on throughout.
 fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
+    let fresh = Instant::now();
     let source = e.cri.run_pod("origin", CRI_HANDLER, false)?;
     let web = e.cri.run_container(&source, "web", IMAGE, COUNTER)?;
     let side_cmd = &[
@@ -431,6 +432,7 @@ fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
         "echo side-state > /tmp/side; while true; do sleep 1; done",
     ];
     e.cri.run_container(&source, "side", IMAGE, side_cmd)?;
+    let fresh_in = fresh.elapsed();
     std::thread::sleep(Duration::from_millis(2500));
     let out = e.chalkctl(&["snapshot", "create", "--id", &source, "-o", "json"]);
     ensure!(out.code == 0, "pod snapshot: {out:?}");
@@ -505,13 +507,32 @@ fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
             .is_err_and(|m| m.contains("by digest") && m.contains("\"web\"")),
         "the snapshot's container on another image: {refused:?}"
     );
+    // So its containers never join it: its sandbox ends once the wait (8 s here) is over,
+    // naming them.
+    let waited = Instant::now();
+    while e.processes_for(&wrong).1 > 0 {
+        ensure!(
+            waited.elapsed() < 30 * SECOND,
+            "a restored pod whose containers never joined still runs after {:?}",
+            waited.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = e.c.log();
+    ensure!(
+        log.contains("did not join") && log.contains("\"side\""),
+        "the sandbox ended without naming the containers missing"
+    );
     e.stop_and_remove(&wrong)?;
     // The source ran on, and both go their own ways.
     ensure!(
         e.counter(&web)? >= at_snapshot,
         "the source stopped counting"
     );
-    eprintln!("pod from a snapshot (2 containers) running in {running_in:?}");
+    eprintln!(
+        "pod from a snapshot (2 containers) running in {running_in:?}; the same pod fresh in \
+         {fresh_in:?}"
+    );
     e.stop_and_remove(&pod)?;
     e.stop_and_remove(&source)?;
     e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);

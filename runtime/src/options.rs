@@ -20,6 +20,7 @@
 //! [restore_from]                   # pods annotated chalk.io/restore-from start from a snapshot
 //! enabled = false
 //! namespaces = ["agents"]          # the Kubernetes namespaces allowed ("*": any)
+//! wait_secs = 120                  # how long a restored pod waits for the snapshot's containers
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back

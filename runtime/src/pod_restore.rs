@@ -17,7 +17,7 @@ pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 
 /// `[restore_from]` of the runtime options: off unless a node admin turns it on, and then
 /// only for the Kubernetes namespaces listed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreFromOptions {
     #[serde(default)]
@@ -25,6 +25,33 @@ pub struct RestoreFromOptions {
     /// The pods' namespaces that may start from a snapshot; `"*"` is any.
     #[serde(default)]
     pub namespaces: Vec<String>,
+    /// How long a restored pod's sandbox waits for the snapshot's containers to join it: one
+    /// the new pod lacks never comes, and the sandbox then ends with the names missing.
+    #[serde(default = "default_wait_secs")]
+    pub wait_secs: u64,
+}
+
+fn default_wait_secs() -> u64 {
+    120
+}
+
+impl Default for RestoreFromOptions {
+    fn default() -> Self {
+        RestoreFromOptions {
+            enabled: false,
+            namespaces: Vec::new(),
+            wait_secs: default_wait_secs(),
+        }
+    }
+}
+
+/// The snapshot's containers (`expected`) that have not joined the restored pod (`joined`).
+pub fn missing<'a>(expected: &'a [String], joined: &[String]) -> Vec<&'a str> {
+    expected
+        .iter()
+        .filter(|n| !joined.contains(n))
+        .map(String::as_str)
+        .collect()
 }
 
 /// What `chalk.io/restore-from` names.
@@ -213,6 +240,7 @@ mod tests {
         let on = RestoreFromOptions {
             enabled: true,
             namespaces: vec!["agents".into()],
+            ..Default::default()
         };
         assert!(admit(&on, "agents", "p").is_ok());
         let err = admit(&on, "default", "p").unwrap_err();
@@ -223,6 +251,7 @@ mod tests {
         let any = RestoreFromOptions {
             enabled: true,
             namespaces: vec!["*".into()],
+            ..Default::default()
         };
         assert!(admit(&any, "whatever", "p").is_ok());
     }
@@ -237,6 +266,14 @@ mod tests {
             "{err}"
         );
         assert!(same_image("web", D, None).is_err());
+    }
+
+    #[test]
+    fn the_containers_still_missing_are_named() {
+        let expected = vec!["web".to_string(), "side".to_string()];
+        assert_eq!(missing(&expected, &["web".into()]), ["side"]);
+        assert!(missing(&expected, &["side".into(), "web".into()]).is_empty());
+        assert_eq!(RestoreFromOptions::default().wait_secs, 120);
     }
 
     #[test]

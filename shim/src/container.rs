@@ -176,6 +176,11 @@ pub struct RestoreFrom {
     /// Those containers (CRI name, image and its digest): a container joining the restored pod
     /// must be one of them, on the same image.
     pub members: Vec<chalk_runtime::snapshot::extra::PodMember>,
+    /// The CRI names of those that have joined so far.
+    pub joined: Mutex<Vec<String>>,
+    /// A pod that starts from a snapshot (`chalk.io/restore-from`): how long its sandbox waits
+    /// for the snapshot's containers before it ends naming the missing ones.
+    pub members_wait: Option<std::time::Duration>,
     /// The store's snapshot it comes from (empty: a checkpoint directory of runsc's files).
     pub snapshot: String,
     /// The terminal the sandbox's init had, for its new one.

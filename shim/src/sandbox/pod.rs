@@ -67,6 +67,9 @@ impl Sandboxes {
         let Ok(root) = self.container(&c.sandbox_id) else {
             return Ok(());
         };
+        if root.pending_pod_members.load(Ordering::SeqCst) > 0 {
+            self.note_joined(c);
+        }
         let last = root
             .pending_pod_members
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

@@ -11,6 +11,12 @@ use chalk_runtime::{
     spec::CRI_CONTAINER_TYPE,
 };
 use serde_json::Value;
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use chalk_runtime::state::Status;
 
 use super::{restore::Into, Sandboxes};
 use crate::container::{Container, RestoreFrom};
@@ -64,9 +70,10 @@ impl Sandboxes {
                 opts.snapshot.store.display()
             )));
         }
-        let from = self
+        let mut from = self
             .verify_stored(&id, to)
             .map_err(|e| prefixed(&format!("pod {namespace}/{pod} from {id}"), e))?;
+        from.members_wait = Some(std::time::Duration::from_secs(opts.restore_from.wait_secs));
         log::info!(
             "pod {namespace}/{pod}: starts from snapshot {id} with containers {:?}",
             from.members.iter().map(|m| &m.name).collect::<Vec<_>>()
@@ -99,6 +106,48 @@ impl Sandboxes {
                 .map_err(refused)?;
         }
         Ok(())
+    }
+}
+
+impl Sandboxes {
+    /// Pod container `c` of a sandbox being restored has joined it.
+    pub(super) fn note_joined(&self, c: &Container) {
+        let Ok(root) = self.container(&c.sandbox_id) else {
+            return;
+        };
+        if let Some(from) = &root.restore_from {
+            let spec = chalk_runtime::bundle::read_spec(&c.bundle).unwrap_or_default();
+            let name = annotation(&spec, CRI_CONTAINER_NAME)
+                .unwrap_or(&c.id)
+                .to_string();
+            from.joined.lock().unwrap().push(name);
+        }
+    }
+
+    /// A restored pod sandbox (`root`, process `pid`) whose snapshot's containers have not all
+    /// joined within `wait` ends, naming the missing ones: the new pod lacks them.
+    pub(super) fn end_unless_joined(&self, root: &Arc<Container>, pid: i32, wait: Duration) {
+        let root = root.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            let Some(from) = &root.restore_from else {
+                return;
+            };
+            if root.pending_pod_members.load(Ordering::SeqCst) == 0
+                || root.state.lock().unwrap().init.status == Status::Stopped
+            {
+                return;
+            }
+            let expected: Vec<String> = from.members.iter().map(|m| m.name.clone()).collect();
+            let joined = from.joined.lock().unwrap().clone();
+            log::error!(
+                "pod sandbox {}: container(s) {:?} of snapshot {} did not join within {wait:?}:                  the pod lacks them (a pod that starts from a snapshot has all its                  containers); the sandbox ends",
+                root.id,
+                pod_restore::missing(&expected, &joined),
+                from.snapshot
+            );
+            crate::container::kill_pid(pid as u32);
+        });
     }
 }
 

@@ -90,10 +90,13 @@ impl Sandboxes {
         };
         check_restore(&m, from, &target).map_err(ShimError::FailedPrecondition)?;
         // Only a stored snapshot loads lazily: its files are runsc's three uncompressed ones,
-        // and the store keeps them until loading ends.
+        // and the store keeps them until loading ends. A pod's sandbox loads whole before its
+        // containers join it: with runsc 2026-09, a container started into a pod sandbox
+        // still loading in the background twice ended the sandbox (exit 2) in the CRI tests.
         let lazy = linked.is_some()
             && to.options.lazy_restore
             && to.features.lazy_restore()
+            && m.extra.pod_members() == 0
             && m.files.iter().any(|f| f.path == "pages.img");
         log::info!(
             "container {}: snapshot {} ({} bytes) verified in {:?}{}",
@@ -122,6 +125,8 @@ impl Sandboxes {
                 .as_ref()
                 .map(|p| p.containers.clone())
                 .unwrap_or_default(),
+            joined: Default::default(),
+            members_wait: None,
             snapshot: stored.to_string(),
             terminal: m.terminal.clone(),
             unpacked: Default::default(),

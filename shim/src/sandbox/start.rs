@@ -145,6 +145,9 @@ impl Sandboxes {
             // last one's completes the restore, and settles it.
             c.pending_pod_members
                 .store(from.pod_members, Ordering::SeqCst);
+            if let Some(wait) = from.members_wait {
+                self.end_unless_joined(c, pid, wait);
+            }
         } else {
             self.settle_restore(c, &from.cuda_pids, pid)?;
         }
