@@ -42,14 +42,30 @@ pub fn resume_with(
         return Err(format!("sandbox {id} is not suspended").into());
     };
     // An interrupted suspend may have left the stopped task behind.
-    crate::records::sandboxes::task_of(client, &container)?;
+    let removed = crate::records::sandboxes::removed_left_task(client, &container)?;
     let p = parts(client, &snapshots::find(client, &digest)?.index)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let pid = progress.during(
         &format!("restoring {id} from {}", crate::progress::short(&digest)),
-        || match io {
-            Some((io, size)) => client.start_task_with(&container, Some(&p.checkpoint), io, size),
-            None => client.start_task(&container, Some(&p.checkpoint)),
+        || loop {
+            let started = match io {
+                Some((io, size)) => {
+                    client.start_task_with(&container, Some(&p.checkpoint), io, size)
+                }
+                None => client.start_task(&container, Some(&p.checkpoint)),
+            };
+            match started {
+                // The shim of the task just removed may still be on its way out.
+                Err(e)
+                    if removed
+                        && e.to_string().contains("already exists")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                other => break other,
+            }
         },
     )?;
     client.set_container_label(id, chalk_labels::SUSPENDED_FROM, None)?;

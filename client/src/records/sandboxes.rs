@@ -62,6 +62,12 @@ pub fn task_of(client: &Client, c: &Container) -> Result<Option<(String, u32)>> 
     }
 }
 
+/// As [`task_of`], for a resume: whether it removed a task an interrupted suspend left.
+pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
+    let before = client.task_status(&c.id)?.is_some();
+    Ok(before && task_of(client, c)?.is_none())
+}
+
 fn describe(
     client: &Client,
     c: &Container,
