@@ -15,6 +15,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             let id = &names::resolve(&client, id)?;
             let done =
                 moves::suspend_to(&mut client, &registry.access(), id, to, *release, &progress)?;
+            keeper::wait_ended(&keeping(cli)?.dir(id)?);
             progress.step(&format!(
                 "{id} suspended to {} in {}",
                 done.pushed.reference,
@@ -33,6 +34,8 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
         Command::Suspend { id, .. } => {
             let id = &names::resolve(&client, id)?;
             let snap = snapshot::create(&mut client, id, Vec::new(), true, &progress)?;
+            // Released: its stdio keeper ends with the task, before this returns.
+            keeper::wait_ended(&keeping(cli)?.dir(id)?);
             progress.step(&format!("{id} suspended in {}", progress.elapsed()));
             if table {
                 println!("{}", snap.digest);

@@ -96,10 +96,7 @@ pub fn remove(
     client.remove_snapshot(&c.snapshotter, &c.snapshot_key);
     // Its keeper ends with the task; what it kept goes with the sandbox.
     let dir = keeping.dir(id)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while keeper::running(&dir) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    keeper::wait_ended(&dir);
     dir.remove()?;
     Ok(Removed {
         id: id.to_string(),

@@ -237,6 +237,14 @@ pub fn sweep(client: &Client, keep: &Keeping) {
     }
 }
 
+/// Waits (up to 10 s) for the keeper of `dir` to end: it ends with its sandbox's task.
+pub fn wait_ended(dir: &SandboxDir) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while running(dir) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Whether a keeper runs for `dir` (it holds the lock).
 pub fn running(dir: &SandboxDir) -> bool {
     let Ok(f) = File::open(dir.lock()) else {
