@@ -147,11 +147,15 @@ pub fn runsc_debug_log_when_asked(e: &Env) -> TestResult {
 pub fn shim_logs_reach_containerd(e: &Env) -> TestResult {
     let out = e.run_rm("logged", &[], &["true"]);
     ensure!(out.code == 0, "{out:?}");
-    std::thread::sleep(Duration::from_millis(300));
-    ensure!(
-        e.c.log().contains("create logged"),
-        "containerd's log has no shim line for the create"
-    );
+    // The shim's lines reach containerd's log through a pipe: a moment later, under load.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !e.c.log().contains("create logged") {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "containerd's log has no shim line for the create"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     Ok(())
 }
 
