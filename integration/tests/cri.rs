@@ -314,6 +314,30 @@ fn records_are_no_images(e: &CriEnv) -> TestResult {
     e.stop_and_remove(&pod)
 }
 
+/// A side container's command: it writes its state to /tmp/side, then waits.
+const SIDE: &[&str] = &[
+    "/bin/sh",
+    "-c",
+    "echo side-state > /tmp/side; while true; do sleep 1; done",
+];
+
+/// Pod `name` with a counting `web` and a `side` holding state: (pod, web, side).
+fn web_and_side(e: &CriEnv, name: &str) -> Result<(String, String, String), Failed> {
+    let pod = e.cri.run_pod(name, CRI_HANDLER, false)?;
+    let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
+    let side = e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
+    Ok((pod, web, side))
+}
+
+/// A snapshot of pod `pod`, by chalkctl: its id.
+fn pod_snapshot(e: &CriEnv, pod: &str) -> Result<String, Failed> {
+    let out = e.chalkctl(&["snapshot", "create", "--id", pod, "-o", "json"]);
+    ensure!(out.code == 0, "pod snapshot: {out:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).map_err(|err| format!("{err}: {out:?}"))?;
+    Ok(v["id"].as_str().unwrap_or_default().to_string())
+}
+
 /// Runs `cmd` in task `id` with ctr (a fork's containers are containerd's, not CRI's).
 fn ctr_exec(e: &CriEnv, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput {
     static EXECS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -327,24 +351,9 @@ fn ctr_exec(e: &CriEnv, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput 
 /// A pod's snapshot forks into a new sandbox holding all its containers, each carrying on
 /// from the snapshot, with copies of the pod's own files; Kubernetes does not see the fork.
 fn pod_fork_restores_every_container(e: &CriEnv) -> TestResult {
-    let pod = e.cri.run_pod("forked", CRI_HANDLER, false)?;
-    let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
-    let side = e.cri.run_container(
-        &pod,
-        "side",
-        IMAGE,
-        &[
-            "/bin/sh",
-            "-c",
-            "echo side-state > /tmp/side; while true; do sleep 1; done",
-        ],
-    )?;
+    let (pod, web, side) = web_and_side(e, "forked")?;
     std::thread::sleep(Duration::from_millis(2500));
-    let out = e.chalkctl(&["snapshot", "create", "--id", &pod, "-o", "json"]);
-    ensure!(out.code == 0, "pod snapshot: {out:?}");
-    let v: serde_json::Value =
-        serde_json::from_str(&out.stdout).map_err(|err| format!("{err}: {out:?}"))?;
-    let snapshot = v["id"].as_str().unwrap_or_default().to_string();
+    let snapshot = pod_snapshot(e, &pod)?;
     let at_snapshot = e.counter(&web)?;
 
     let started = Instant::now();
@@ -424,21 +433,10 @@ fn pod_fork_restores_every_container(e: &CriEnv) -> TestResult {
 /// the snapshot lacks is refused by name; the source runs on throughout.
 fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
     let fresh = Instant::now();
-    let source = e.cri.run_pod("origin", CRI_HANDLER, false)?;
-    let web = e.cri.run_container(&source, "web", IMAGE, COUNTER)?;
-    let side_cmd = &[
-        "/bin/sh",
-        "-c",
-        "echo side-state > /tmp/side; while true; do sleep 1; done",
-    ];
-    e.cri.run_container(&source, "side", IMAGE, side_cmd)?;
+    let (source, web, _) = web_and_side(e, "origin")?;
     let fresh_in = fresh.elapsed();
     std::thread::sleep(Duration::from_millis(2500));
-    let out = e.chalkctl(&["snapshot", "create", "--id", &source, "-o", "json"]);
-    ensure!(out.code == 0, "pod snapshot: {out:?}");
-    let v: serde_json::Value =
-        serde_json::from_str(&out.stdout).map_err(|err| format!("{err}: {out:?}"))?;
-    let snapshot = v["id"].as_str().unwrap_or_default().to_string();
+    let snapshot = pod_snapshot(e, &source)?;
     let at_snapshot = e.counter(&web)?;
 
     let started = Instant::now();
@@ -450,7 +448,7 @@ fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
         &[(RESTORE_FROM, &snapshot)],
     )?;
     let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
-    let side2 = e.cri.run_container(&pod, "side", IMAGE, side_cmd)?;
+    let side2 = e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
     let running_in = started.elapsed();
     ensure!(
         e.processes_for(&pod) == (1, 1),

@@ -17,7 +17,8 @@ pub fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
+/// Annotation `key` of OCI spec `spec`, when it is a string.
+pub fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
     spec.get("annotations")?.get(key)?.as_str()
 }
 

@@ -50,22 +50,26 @@ pub fn chalk_container(client: &Client, id: &str) -> Result<Container> {
 /// the sandbox with its snapshot but before removing the task the checkpoint stopped is
 /// finished here: that task goes, and the sandbox reads suspended.
 pub fn task_of(client: &Client, c: &Container) -> Result<Option<(String, u32)>> {
+    Ok(settled_task(client, c)?.0)
+}
+
+/// As [`task_of`], for a resume: whether it removed a task an interrupted suspend left.
+pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
+    Ok(settled_task(client, c)?.1)
+}
+
+/// The task of `c` after that, and whether the left one was removed.
+fn settled_task(client: &Client, c: &Container) -> Result<(Option<(String, u32)>, bool)> {
     let task = client.task_status(&c.id)?;
     match &task {
         Some((status, _))
             if status == "stopped" && c.labels.contains_key(chalk_labels::SUSPENDED_FROM) =>
         {
             client.delete_stopped_task(&c.id)?;
-            Ok(None)
+            Ok((None, true))
         }
-        _ => Ok(task),
+        _ => Ok((task, false)),
     }
-}
-
-/// As [`task_of`], for a resume: whether it removed a task an interrupted suspend left.
-pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
-    let before = client.task_status(&c.id)?.is_some();
-    Ok(before && task_of(client, c)?.is_none())
 }
 
 fn describe(

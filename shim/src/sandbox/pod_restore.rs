@@ -8,7 +8,7 @@ use chalk_runtime::{
     options::RuntimeOptions,
     pod_restore::CRI_SANDBOX_NAMESPACE,
     pod_restore::{self, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, RESTORE_FROM},
-    spec::CRI_CONTAINER_TYPE,
+    spec::{annotation, CRI_CONTAINER_TYPE},
 };
 use serde_json::Value;
 use std::{
@@ -21,10 +21,6 @@ use chalk_runtime::state::Status;
 use super::{restore::Into, Sandboxes};
 use crate::container::{Container, RestoreFrom};
 use crate::errors::{Result, ShimError};
-
-fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
-    spec.get("annotations")?.get(key)?.as_str()
-}
 
 impl Sandboxes {
     /// The snapshot pod sandbox container `to.id` starts from, verified; None unless its spec
@@ -56,7 +52,7 @@ impl Sandboxes {
         let source = RestoreSource::parse(asked).map_err(ShimError::InvalidArgument)?;
         let id = source.id().to_string();
         let store = chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)?;
-        if store.open_snapshot(&id).is_err() {
+        if !store.has_blob(&id) {
             let how = match &source {
                 RestoreSource::Local { .. } => "take it on this node or pull it here".to_string(),
                 RestoreSource::Remote { reference, .. } => format!(
