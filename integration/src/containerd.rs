@@ -120,8 +120,12 @@ pub enum Setup {
     /// (else only host-network pods can run).
     Cri {
         cni_bin: Option<PathBuf>,
-        /// containerd's registry hosts directory (`config_path`): mirrors for image pulls.
+        /// containerd's registry hosts directory (`config_path`): mirrors for image pulls, and
+        /// where pods' snapshots are pulled from (`[restore_from] hosts_dir`).
         registry_hosts: Option<PathBuf>,
+        /// A docker config directory with those registries' credentials
+        /// (`[restore_from] docker_config`).
+        registry_auth: Option<PathBuf>,
     },
 }
 
@@ -199,10 +203,12 @@ impl Containerd {
     pub fn start_cri(
         cni_bin: Option<PathBuf>,
         registry_hosts: Option<PathBuf>,
+        registry_auth: Option<PathBuf>,
     ) -> io::Result<Self> {
         let c = Self::start_with(Setup::Cri {
             cni_bin,
             registry_hosts,
+            registry_auth,
         })?;
         c.import_busybox()?;
         // Blocks for ever, as `tail` rather than `sleep`: critest looks for its own sleeps.
@@ -774,10 +780,24 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
         ));
     }
     // A CRI node lets the tests' namespace start pods from snapshots (chalk.io/restore-from).
-    let restore = if matches!(setup, Setup::Cri { .. }) {
-        "\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\nwait_secs = 8\n"
-    } else {
-        ""
+    let restore = match setup {
+        Setup::Cri {
+            registry_hosts,
+            registry_auth,
+            ..
+        } => {
+            let mut r =
+                "\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\nwait_secs = 8\n"
+                    .to_string();
+            if let Some(hosts) = registry_hosts {
+                r.push_str(&format!("hosts_dir = \"{}\"\n", hosts.display()));
+            }
+            if let Some(auth) = registry_auth {
+                r.push_str(&format!("docker_config = \"{}\"\n", auth.display()));
+            }
+            r
+        }
+        _ => String::new(),
     };
     // Snapshots of this containerd in a store of its own: a store's gc answers to one
     // containerd's records.
@@ -824,6 +844,7 @@ state = "{state}"
     if let Setup::Cri {
         cni_bin,
         registry_hosts,
+        ..
     } = setup
     {
         let (images, runtime, sandbox_image) = if version == 3 {

@@ -265,8 +265,8 @@ impl Node {
             remove_kubelet_cgroups();
             let _ = node_link(false);
         });
-        let containerd =
-            Containerd::start_cri(Some(cni_bin), None).map_err(|e| format!("containerd: {e}"))?;
+        let containerd = Containerd::start_cri(Some(cni_bin), None, None)
+            .map_err(|e| format!("containerd: {e}"))?;
         let dir = containerd.dir().join("k8s");
         let pki = dir.join("pki");
         make_pki(&pki)?;

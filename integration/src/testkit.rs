@@ -421,6 +421,12 @@ macro_rules! cases {
     };
 }
 
+/// Parses the command line as [`run`] will, so that a bad one ends the binary before its
+/// `main` starts containerd or a registry (which an exit in `run` would leave running).
+pub fn check_args() {
+    let _ = Arguments::from_args();
+}
+
 /// Runs `cases` against `env` as libtest trials (with the command line's filters); then
 /// `after` checks what the whole run left, and fails it with what it says.
 pub fn run<E: Send + Sync + 'static>(

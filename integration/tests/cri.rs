@@ -12,6 +12,7 @@ use chalk_integration::{
     containerd::{CRI_HANDLER, IMAGE, PAUSE_IMAGE},
     cri::{ContainerState, Cri},
     ensure, procs,
+    registry::Secured,
     testkit::{self, Env, Failed, TestResult},
     Containerd,
 };
@@ -21,6 +22,8 @@ use chalk_runtime::pod_restore::RESTORE_FROM;
 struct CriEnv {
     env: Env,
     cri: Cri,
+    /// A registry this node pulls pods' snapshots from (when CHALK_REGISTRY names one).
+    registry: Option<Secured>,
 }
 
 impl Deref for CriEnv {
@@ -338,6 +341,15 @@ fn pod_snapshot(e: &CriEnv, pod: &str) -> Result<String, Failed> {
     Ok(v["id"].as_str().unwrap_or_default().to_string())
 }
 
+/// chalkctl with `args`, pointed at the test registry.
+fn chalkctl_to_registry(e: &CriEnv, args: &[&str]) -> chalk_integration::CtrOutput {
+    let mut cmd = e.c.chalkctl_command().expect("chalkctl is built");
+    if let Some(r) = &e.registry {
+        r.client(&mut cmd);
+    }
+    cmd.args(args).output().expect("run chalkctl").into()
+}
+
 /// Runs `cmd` in task `id` with ctr (a fork's containers are containerd's, not CRI's).
 fn ctr_exec(e: &CriEnv, id: &str, cmd: &[&str]) -> chalk_integration::CtrOutput {
     static EXECS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -540,6 +552,124 @@ fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
 /// A pod whose `chalk.io/restore-from` names a missing snapshot, says no digest, or is in a
 /// namespace the node does not allow fails at RunPodSandbox with the reason, and leaves no
 /// pod, shim or sandbox (any runsc: this is refused before runsc is asked).
+/// `chalk.io/restore-from` naming `REF@sha256:…` on a node whose store lacks the snapshot:
+/// the shim pulls it through the node's registry configuration (hosts.toml, credentials)
+/// and the pod carries on from it. A snapshot tampered with in the registry, or one the
+/// registry does not have, is refused with why, and leaves no record, no pod process.
+fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResult {
+    let registry = e.registry.as_ref().ok_or("no registry")?;
+    let (source, web, _) = web_and_side(e, "pushed")?;
+    std::thread::sleep(Duration::from_millis(2500));
+    let snapshot = pod_snapshot(e, &source)?;
+    let at_snapshot = e.counter(&web)?;
+    let reference = format!("{}/pods/pushed:v1", registry.addr);
+    let pushed = chalkctl_to_registry(
+        e,
+        &["snapshot", "push", "--snapshot-id", &snapshot, &reference],
+    );
+    ensure!(pushed.code == 0, "push: {pushed:?}");
+    e.stop_and_remove(&source)?;
+    // The snapshot's own largest blob (its memory), found in this node's store.
+    let memory = largest_file(&e.c.snapshot_store().join("blobs"))
+        .and_then(|p| Some(p.file_name()?.to_string_lossy().to_string()))
+        .ok_or("the store holds no blobs")?;
+    let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    ensure!(deleted.code == 0, "delete: {deleted:?}");
+    let pinned = format!("{}/pods/pushed@{snapshot}", registry.addr);
+
+    let started = Instant::now();
+    let pod = e.cri.run_pod_with(
+        "pulled",
+        CRI_HANDLER,
+        false,
+        "default",
+        &[(RESTORE_FROM, &pinned)],
+    )?;
+    let pulled_in = started.elapsed();
+    let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
+    e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
+    let running_in = started.elapsed();
+    let n = e.counter(&web2)?;
+    ensure!(
+        n + 1 >= at_snapshot,
+        "the pulled pod counts from {n}, the source had {at_snapshot}"
+    );
+    let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
+    ensure!(
+        list.stdout.contains(&snapshot),
+        "the pulled snapshot has no record on this node: {list:?}"
+    );
+    println!(
+        "pod from {pinned}: sandbox (pull included) in {pulled_in:?}, both containers running \
+         in {running_in:?}"
+    );
+    e.stop_and_remove(&pod)?;
+    let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    ensure!(
+        deleted.code == 0,
+        "delete of the pulled snapshot: {deleted:?}"
+    );
+
+    // A digest the registry does not hold, then the snapshot's memory altered in the
+    // registry's storage.
+    let absent = format!("{}/pods/pushed@sha256:{}", registry.addr, "1".repeat(64));
+    let memory = registry
+        .blobs()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&memory[..2])
+        .join(&memory)
+        .join("data");
+    let mut bytes = std::fs::read(&memory).map_err(|err| err.to_string())?;
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(&memory, bytes).map_err(|err| err.to_string())?;
+    for (name, value) in [("from-absent", &absent), ("from-tampered", &pinned)] {
+        let got = e.cri.run_pod_with(
+            name,
+            CRI_HANDLER,
+            false,
+            "default",
+            &[(RESTORE_FROM, value)],
+        );
+        ensure!(
+            got.as_ref()
+                .is_err_and(|m| m.contains("could not be pulled")),
+            "pod {name} ({value}): {got:?}"
+        );
+        for left in e.cri.pods_named(name)? {
+            ensure!(
+                e.processes_for(&left) == (0, 0),
+                "the refused pod {name} left processes"
+            );
+            e.cri.remove_pod(&left)?;
+        }
+        let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
+        ensure!(
+            !list.stdout.contains(&snapshot),
+            "the refused pull of {value} left a record: {list:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The largest file under `dir`.
+fn largest_file(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut best: Option<(u64, std::path::PathBuf)> = None;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                todo.push(path);
+            } else if best.as_ref().is_none_or(|(size, _)| meta.len() > *size) {
+                best = Some((meta.len(), path));
+            }
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
 fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> TestResult {
     let missing = format!("sha256:{}", "0".repeat(64));
     for (name, namespace, value, why) in [
@@ -583,8 +713,19 @@ fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> Tes
 }
 
 fn main() {
-    let c = Containerd::start_cri(None, None)
-        .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
+    testkit::check_args();
+    let registry = std::env::var_os("CHALK_REGISTRY")
+        .filter(|v| !v.is_empty())
+        .map(|bin| {
+            Secured::start(std::path::Path::new(&bin), None, &[])
+                .unwrap_or_else(|e| panic!("cannot start the registry: {e}"))
+        });
+    let c = Containerd::start_cri(
+        None,
+        registry.as_ref().map(|r| r.hosts_dir.clone()),
+        registry.as_ref().map(|r| r.docker_config.clone()),
+    )
+    .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     let cri = Cri::connect(&c.socket()).unwrap_or_else(|e| panic!("CRI: {e}"));
     // Debian's runsc (2022) cannot snapshot a running pod (see above), so nor fork one.
     let old_runsc = !testkit::current_runsc();
@@ -603,11 +744,17 @@ fn main() {
         .into_iter()
         .map(|c| c.ignored_if(old_runsc)),
     )
+    .chain(
+        cases![a_pod_starts_from_a_registry_snapshot_this_node_lacks]
+            .into_iter()
+            .map(|c| c.ignored_if(old_runsc || registry.is_none())),
+    )
     .collect();
     testkit::run(
         CriEnv {
             env: Env { c },
             cri,
+            registry,
         },
         all,
         |_| Ok(()),

@@ -53,6 +53,7 @@ mod nerdctl;
 mod cli;
 
 fn main() {
+    testkit::check_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     c.import_busybox()
         .unwrap_or_else(|e| panic!("cannot import the busybox image: {e}"));

@@ -394,6 +394,7 @@ pub fn node_installer_image_installs_onto_the_host_root(e: &Env) -> TestResult {
 }
 
 fn main() {
+    testkit::check_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     let all = cases![
         installer_registers_the_runtime_and_uninstalls_exactly,

@@ -661,6 +661,7 @@ fn start() -> Result<Hosts, String> {
 }
 
 fn main() {
+    testkit::check_args();
     let hosts = start().unwrap_or_else(|e| panic!("cannot set up the two hosts: {e}"));
     let no_other = hosts.c.is_none();
     let mut all = cases![

@@ -21,6 +21,9 @@
 //! enabled = false
 //! namespaces = ["agents"]          # the Kubernetes namespaces allowed ("*": any)
 //! wait_secs = 120                  # how long a restored pod waits for the snapshot's containers
+//! hosts_dir = "/etc/containerd/certs.d" # registries a `REF@sha256:…` is pulled from
+//! docker_config = "/etc/chalk/registry" # its config.json: the node's registry credentials
+//! pull_secs = 300                  # how long that pull may take
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back
@@ -262,6 +265,20 @@ fn valid_flag_name(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shim hands its options to chalkctl as a file (a pod's snapshot pulled at Create).
+    #[test]
+    fn options_written_out_read_back_the_same() {
+        let o = RuntimeOptions::parse(
+            "binary_name = \"/opt/runsc\"\n[runsc_config]\nplatform = \"ptrace\"\n\
+             [snapshot]\nstore = \"/s\"\n[restore_from]\nenabled = true\n\
+             namespaces = [\"a\"]\ndocker_config = \"/etc/chalk/registry\"\n",
+            "t",
+        )
+        .unwrap();
+        let text = toml::to_string(&o).unwrap();
+        assert_eq!(RuntimeOptions::parse(&text, "written").unwrap(), o);
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

@@ -29,6 +29,26 @@ pub struct RestoreFromOptions {
     /// the new pod lacks never comes, and the sandbox then ends with the names missing.
     #[serde(default = "default_wait_secs")]
     pub wait_secs: u64,
+    /// Where a snapshot named `REF@sha256:…` is pulled from: containerd's registry hosts
+    /// directory (`<host[:port]>/hosts.toml`, CA files), as `chalkctl snapshot pull` reads it.
+    #[serde(default = "default_hosts_dir")]
+    pub hosts_dir: std::path::PathBuf,
+    /// A directory holding the `config.json` (docker's format) with the node's credentials
+    /// for those registries; none: registries that need none. Passed to chalkctl as
+    /// DOCKER_CONFIG: never logged, never stored with a snapshot.
+    #[serde(default)]
+    pub docker_config: Option<std::path::PathBuf>,
+    /// How long such a pull may take before the pod is refused.
+    #[serde(default = "default_pull_secs")]
+    pub pull_secs: u64,
+}
+
+fn default_hosts_dir() -> std::path::PathBuf {
+    "/etc/containerd/certs.d".into()
+}
+
+fn default_pull_secs() -> u64 {
+    300
 }
 
 fn default_wait_secs() -> u64 {
@@ -41,6 +61,9 @@ impl Default for RestoreFromOptions {
             enabled: false,
             namespaces: Vec::new(),
             wait_secs: default_wait_secs(),
+            hosts_dir: default_hosts_dir(),
+            docker_config: None,
+            pull_secs: default_pull_secs(),
         }
     }
 }

@@ -6,19 +6,16 @@
 //! cannot be done, the shim kills the sandbox itself: a lifetime is a bound on compute.
 
 use std::{
-    path::PathBuf,
-    process::{Command, Stdio},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use chalk_runtime::{
     lifetime::{Lifetime, EXPIRES_AT_LABEL},
-    runsc::{Child, Spawner},
     snapshot::manifest::rfc3339_at,
 };
 
-use crate::{container::Container, containerd::Records, reaper::ReaperSpawner};
+use crate::{chalkctl, container::Container, containerd::Records};
 
 /// Where the timer reaches containerd: its records (for the label `chalkctl get` reads),
 /// and its address and namespace (for chalkctl).
@@ -35,36 +32,6 @@ const ATTEMPTS: u32 = 3;
 const RETRY: Duration = Duration::from_secs(5);
 /// How long one attempt may take (a suspend writes the sandbox's memory).
 const EXPIRE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The exit status of `child`, which is killed if it runs past `timeout`.
-fn wait_for(mut child: Box<dyn Child>, timeout: Duration) -> std::io::Result<i32> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(status);
-        }
-        if std::time::Instant::now() > deadline {
-            // SAFETY: kill(2) of the child this module started, not yet reaped.
-            unsafe { libc::kill(child.pid() as i32, libc::SIGKILL) };
-            child.wait()?;
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("chalkctl did not finish within {timeout:?}"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// chalkctl, installed beside the shim (the installer and the package put both in one
-/// directory); else the one on PATH.
-fn chalkctl() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join("chalkctl")))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("chalkctl"))
-}
 
 /// Starts the timer of `c`, which has just started (or been restored) with `lifetime`. The
 /// label `chalkctl get` reads is set before Start returns, so none reads last run's end.
@@ -102,24 +69,19 @@ fn expire(ctx: &Context, c: &Container, lifetime: Lifetime) {
     let exit = c.state.lock().unwrap().init.exit.clone();
     let log_file = c.bundle.join(".expire.log");
     for attempt in 1..=ATTEMPTS {
-        let outcome = std::fs::File::create(&log_file).and_then(|log| {
-            let mut cmd = Command::new(chalkctl());
-            cmd.args(["--address", &ctx.address])
-                .args(["--namespace", &ctx.namespace])
-                .args(["expire", "--id", &c.id, "--action", action])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log);
-            wait_for(ReaperSpawner.spawn(&mut cmd)?, EXPIRE_TIMEOUT)
-        });
-        let said = std::fs::read_to_string(&log_file).unwrap_or_default();
-        let _ = std::fs::remove_file(&log_file);
-        match outcome {
-            Ok(0) => return,
-            Ok(status) => log::warn!(
-                "container {}: chalkctl expire ({action}), attempt {attempt}: exit {status}: {}",
+        let args = ["expire", "--id", &c.id, "--action", action];
+        let to = chalkctl::Target {
+            address: &ctx.address,
+            namespace: &ctx.namespace,
+            env: &[],
+        };
+        match chalkctl::run(&to, &args, &log_file, EXPIRE_TIMEOUT) {
+            Ok(done) if done.status == 0 => return,
+            Ok(done) => log::warn!(
+                "container {}: chalkctl expire ({action}), attempt {attempt}: exit {}: {}",
                 c.id,
-                said.trim()
+                done.status,
+                done.said
             ),
             Err(e) => log::warn!(
                 "container {}: chalkctl expire ({action}), attempt {attempt}: {e}",

@@ -1,6 +1,7 @@
 //! containerd-shim-chalk-v1: containerd's `io.containerd.chalk.v1` runtime, running each
 //! container (or each Kubernetes pod) in a gVisor sandbox through runsc.
 
+mod chalkctl;
 mod container;
 mod containerd;
 mod errors;

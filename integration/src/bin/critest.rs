@@ -269,7 +269,7 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     }
-    let c = Containerd::start_cri(Some(cni), Some(hosts)).map_err(|e| e.to_string())?;
+    let c = Containerd::start_cri(Some(cni), Some(hosts), None).map_err(|e| e.to_string())?;
     let endpoint = format!("unix://{}", c.socket().display());
     let json = work.path().join("critest.json");
     let mut cmd = Command::new(&critest);

@@ -169,7 +169,7 @@ impl Sandboxes {
         };
         let restore_from = match checkpoint.as_str() {
             // A pod's sandbox may ask to start from a snapshot (chalk.io/restore-from).
-            "" => self.pod_restore_from(&spec, &opts, to)?,
+            "" => self.pod_restore_from(&spec, &opts, to, &bundle_dir)?,
             dir => {
                 let from = self.verify_restore(Path::new(dir), to)?;
                 *from.unpacked.lock().unwrap() = unpacked.take();

@@ -30,6 +30,7 @@ impl Sandboxes {
         spec: &Value,
         opts: &RuntimeOptions,
         to: Into,
+        bundle: &std::path::Path,
     ) -> Result<Option<RestoreFrom>> {
         let Some(asked) = annotation(spec, RESTORE_FROM) else {
             return Ok(None);
@@ -40,7 +41,9 @@ impl Sandboxes {
             Some(_) => return Ok(None),
             None => {
                 return Err(ShimError::InvalidArgument(format!(
-                    "container {}: {RESTORE_FROM} is a pod annotation (Kubernetes, through CRI);                      a container outside a pod starts from a snapshot with `chalkctl fork                      --snapshot-id {asked}` or `ctr containers restore`",
+                    "container {}: {RESTORE_FROM} is a pod annotation (Kubernetes, through CRI); \
+                     a container outside a pod starts from a snapshot with `chalkctl fork \
+                     --snapshot-id {asked}` or `ctr containers restore`",
                     to.id
                 )))
             }
@@ -53,18 +56,25 @@ impl Sandboxes {
         let id = source.id().to_string();
         let store = chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)?;
         if !store.has_blob(&id) {
-            let how = match &source {
-                RestoreSource::Local { .. } => "take it on this node or pull it here".to_string(),
-                RestoreSource::Remote { reference, .. } => format!(
-                    "pull it first (`chalkctl snapshot pull {reference}@{id}`): this shim does \
-                     not fetch from registries at pod creation yet"
-                ),
-            };
-            return Err(ShimError::FailedPrecondition(format!(
-                "pod {namespace}/{pod}: snapshot {id} ({RESTORE_FROM}) is not in this node's \
-                 store ({}): {how}",
-                opts.snapshot.store.display()
-            )));
+            match &source {
+                RestoreSource::Local { .. } => {
+                    return Err(ShimError::FailedPrecondition(format!(
+                        "pod {namespace}/{pod}: snapshot {id} ({RESTORE_FROM}) is not in this \
+                         node's store ({}): take it on this node, or name it by its registry \
+                         reference (`REF@{id}`) so that any node can pull it",
+                        opts.snapshot.store.display()
+                    )))
+                }
+                RestoreSource::Remote { reference, .. } => {
+                    self.pull_for_pod(&format!("{reference}@{id}"), opts, to.id, bundle)
+                        .map_err(|e| {
+                            ShimError::FailedPrecondition(format!(
+                                "pod {namespace}/{pod}: snapshot {reference}@{id} \
+                                 ({RESTORE_FROM}) could not be pulled to this node: {e}"
+                            ))
+                        })?;
+                }
+            }
         }
         let mut from = self
             .verify_stored(&id, to)
@@ -137,13 +147,76 @@ impl Sandboxes {
             let expected: Vec<String> = from.members.iter().map(|m| m.name.clone()).collect();
             let joined = from.joined.lock().unwrap().clone();
             log::error!(
-                "pod sandbox {}: container(s) {:?} of snapshot {} did not join within {wait:?}:                  the pod lacks them (a pod that starts from a snapshot has all its                  containers); the sandbox ends",
+                "pod sandbox {}: container(s) {:?} of snapshot {} did not join within {wait:?}: \
+                 the pod lacks them (a pod that starts from a snapshot has all its \
+                 containers); the sandbox ends",
                 root.id,
                 pod_restore::missing(&expected, &joined),
                 from.snapshot
             );
             crate::container::kill_pid(pid as u32);
         });
+    }
+}
+
+impl Sandboxes {
+    /// Pulls snapshot `reference` (pinned by digest) into this node's store through chalkctl,
+    /// with the node's registry configuration (`[restore_from] hosts_dir`). chalkctl checks
+    /// this host against the snapshot's manifest before it fetches any memory, checks every
+    /// blob by digest, and makes no record of a pull that fails.
+    fn pull_for_pod(
+        &self,
+        reference: &str,
+        opts: &RuntimeOptions,
+        id: &str,
+        bundle: &std::path::Path,
+    ) -> Result<(), String> {
+        let hosts_dir = opts.restore_from.hosts_dir.to_string_lossy().to_string();
+        // chalkctl pulls into the store these options name (they may have come inline, from
+        // CRI): it reads them from the bundle.
+        let options = bundle.join(".pull-options.toml");
+        let text = toml::to_string(opts).map_err(|e| format!("the runtime options: {e}"))?;
+        std::fs::write(&options, text).map_err(|e| format!("{}: {e}", options.display()))?;
+        let config = options.to_string_lossy().to_string();
+        let args = [
+            "--config",
+            &config,
+            "snapshot",
+            "pull",
+            "--hosts-dir",
+            &hosts_dir,
+            reference,
+        ];
+        let log_file = bundle.join(".pull.log");
+        let started = std::time::Instant::now();
+        let timeout = Duration::from_secs(opts.restore_from.pull_secs);
+        let auth = opts
+            .restore_from
+            .docker_config
+            .as_deref()
+            .map(|d| d.as_os_str());
+        let env: Vec<(&str, &std::ffi::OsStr)> =
+            auth.into_iter().map(|d| ("DOCKER_CONFIG", d)).collect();
+        let to = crate::chalkctl::Target {
+            address: &self.inner.containerd_address,
+            namespace: &self.inner.namespace,
+            env: &env,
+        };
+        let done = crate::chalkctl::run(&to, &args, &log_file, timeout);
+        let _ = std::fs::remove_file(&options);
+        let done = done.map_err(|e| e.to_string())?;
+        if done.status != 0 {
+            let said = done.said.lines().last().unwrap_or("").to_string();
+            return Err(format!(
+                "chalkctl snapshot pull: exit {}: {said}",
+                done.status
+            ));
+        }
+        log::info!(
+            "container {id}: pulled {reference} in {:?}",
+            started.elapsed()
+        );
+        Ok(())
     }
 }
 
