@@ -55,6 +55,11 @@ fn run() -> Result<PathBuf, String> {
         ),
         ("opt/chalk/chalkctl", 0o755, read(bin_dir.join("chalkctl"))?),
         (
+            "opt/chalk/chalk-agent",
+            0o755,
+            read(bin_dir.join("chalk-agent"))?,
+        ),
+        (
             "opt/chalk/install.sh",
             0o755,
             read(packaging.join("install.sh"))?,
@@ -75,9 +80,23 @@ fn run() -> Result<PathBuf, String> {
             read(packaging.join("kubernetes/installer/entrypoint.sh"))?,
         ),
     ];
+    // chalk-agent runs in this image (agent.yaml) by the libraries it was linked with here,
+    // under /opt/chalk/lib (busybox's image has none).
+    let libs: Vec<(String, Vec<u8>)> = shared_libraries(&bin_dir.join("chalk-agent"))?
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            Ok((format!("opt/chalk/lib/{name}"), read(p)?))
+        })
+        .collect::<Result<_, String>>()?;
     let extra: Vec<image::ExtraFile> = files
         .iter()
         .map(|(p, m, d)| (*p, *m, d.as_slice()))
+        .chain(libs.iter().map(|(p, d)| (p.as_str(), 0o755, d.as_slice())))
         .collect();
     let layer = image::busybox_layer_with(&program("CHALK_BUSYBOX", "/bin/busybox"), &extra)
         .map_err(|e| format!("busybox layer: {e}"))?;
@@ -86,4 +105,29 @@ fn run() -> Result<PathBuf, String> {
             .map_err(|e| e.to_string())?;
     std::fs::write(&out, archive).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out)
+}
+
+/// The shared libraries `binary` loads (ldd's answer), the dynamic loader among them.
+fn shared_libraries(binary: &std::path::Path) -> Result<Vec<PathBuf>, String> {
+    let out = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|e| format!("ldd: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ldd {}: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let path = match l.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
 }

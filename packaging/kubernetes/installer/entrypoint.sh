@@ -1,7 +1,7 @@
 #!/bin/sh
 # The node installer's entrypoint (DaemonSet chalk-shim-installer, image built by
 # packaging/kubernetes/build-installer-image). The node's root is mounted at /host. It copies
-# the shim and chalkctl to /host/usr/local/bin, the installer and manifests to
+# the shim, chalkctl and chalk-agent to /host/usr/local/bin, the installer and manifests to
 # /host/usr/local/share/chalk-shim, the runtime options to /host/etc/containerd/chalk.toml if
 # there are none, then registers the runtime with the node's own bash and containerd config
 # (`install.sh --config-only`, chrooted) and, with RESTART_CONTAINERD=true, restarts
@@ -23,6 +23,8 @@ copy() { # copy SRC DEST MODE, atomically, only when it differs
 
 copy "$src/containerd-shim-chalk-v1" "$host/usr/local/bin/containerd-shim-chalk-v1" 0755
 copy "$src/chalkctl" "$host/usr/local/bin/chalkctl" 0755
+# The node agent (packaging/kubernetes/agent.yaml runs it on the host).
+copy "$src/chalk-agent" "$host/usr/local/bin/chalk-agent" 0755
 for f in install.sh chalk.toml runtimeclass.yaml; do
     copy "$src/$f" "$host/usr/local/share/chalk-shim/$f" 0644
 done

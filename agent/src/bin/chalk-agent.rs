@@ -1,0 +1,104 @@
+//! chalk-agent: the node agent that carries out PodSnapshots (chalk.io/v1alpha1) for the pods
+//! on its node, through the node's containerd; run by the DaemonSet in
+//! packaging/kubernetes/agent.yaml, or directly (`chalk-agent --node NAME`).
+//! `chalk-agent crd` prints the CustomResourceDefinition.
+
+use std::{path::PathBuf, sync::Arc};
+
+use chalk_agent::{agent, node::Node};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "chalk-agent", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// This node's name as its kubelet registers it (the DaemonSet passes spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node: Option<String>,
+    /// containerd's socket on this node.
+    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    address: String,
+    /// chalk-shim's runtime options (its snapshot store); default: the shim's own default.
+    #[arg(long, env = "CHALK_SHIM_CONFIG")]
+    config: Option<PathBuf>,
+    /// containerd's registry hosts directory, for pushes (hosts.toml, CA files).
+    #[arg(
+        long,
+        env = "CHALK_HOSTS_DIR",
+        default_value = "/etc/containerd/certs.d"
+    )]
+    hosts_dir: PathBuf,
+    /// Plain HTTP to registries hosts.toml does not describe.
+    #[arg(long)]
+    plain_http: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the PodSnapshot CustomResourceDefinition (YAML).
+    Crd,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Command::Crd) = cli.command {
+        print!("{}", chalk_agent::crd::crd_yaml());
+        return;
+    }
+    init_log();
+    let Some(node_name) = cli.node.clone() else {
+        eprintln!("chalk-agent: give --node (or NODE_NAME): this node's name in Kubernetes");
+        std::process::exit(2);
+    };
+    let node = Node {
+        address: cli.address.clone(),
+        config: cli.config.clone(),
+        access: chalk_client::remote::Access {
+            hosts_dir: cli.hosts_dir.clone(),
+            plain_http: cli.plain_http,
+            user: None,
+        },
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("chalk-agent: the cluster (in-cluster or KUBECONFIG): {e}");
+                std::process::exit(1);
+            }
+        };
+        log::info!(
+            "chalk-agent on node {node_name}: containerd {}",
+            cli.address
+        );
+        agent::run(Arc::new(agent::Context::new(client, node_name, node))).await;
+    });
+}
+
+/// Logs to stderr at RUST_LOG's level (info by default).
+fn init_log() {
+    struct Stderr;
+    impl log::Log for Stderr {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.level() <= log::max_level()
+        }
+        fn log(&self, r: &log::Record) {
+            if self.enabled(r.metadata()) && r.target().starts_with("chalk") {
+                eprintln!("{} {}: {}", r.level(), r.target(), r.args());
+            }
+        }
+        fn flush(&self) {}
+    }
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(log::LevelFilter::Info);
+    let _ = log::set_logger(&Stderr);
+    log::set_max_level(level);
+}
