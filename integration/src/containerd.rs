@@ -126,7 +126,19 @@ pub enum Setup {
         /// A docker config directory with those registries' credentials
         /// (`[restore_from] docker_config`).
         registry_auth: Option<PathBuf>,
+        /// Which pod network (bridge and subnet) of [`cni_conflist`]: one per node when
+        /// several share this machine.
+        network: u8,
     },
+}
+
+/// What a CRI node's containerd is given (see [`Setup::Cri`]).
+#[derive(Debug, Clone, Default)]
+pub struct CriOptions {
+    pub cni_bin: Option<PathBuf>,
+    pub registry_hosts: Option<PathBuf>,
+    pub registry_auth: Option<PathBuf>,
+    pub network: u8,
 }
 
 pub struct Containerd {
@@ -200,15 +212,12 @@ impl Containerd {
 
     /// Starts containerd with its CRI plugin, configured by the installer (see [`Setup::Cri`]),
     /// with the busybox and pause images imported into the CRI namespace.
-    pub fn start_cri(
-        cni_bin: Option<PathBuf>,
-        registry_hosts: Option<PathBuf>,
-        registry_auth: Option<PathBuf>,
-    ) -> io::Result<Self> {
+    pub fn start_cri(o: CriOptions) -> io::Result<Self> {
         let c = Self::start_with(Setup::Cri {
-            cni_bin,
-            registry_hosts,
-            registry_auth,
+            cni_bin: o.cni_bin,
+            registry_hosts: o.registry_hosts,
+            registry_auth: o.registry_auth,
+            network: o.network,
         })?;
         c.import_busybox()?;
         // Blocks for ever, as `tail` rather than `sleep`: critest looks for its own sleeps.
@@ -844,6 +853,7 @@ state = "{state}"
     if let Setup::Cri {
         cni_bin,
         registry_hosts,
+        network,
         ..
     } = setup
     {
@@ -864,7 +874,7 @@ state = "{state}"
         let _ = fs::create_dir_all(&cni_conf);
         let bin = cni_bin.clone().unwrap_or_else(|| d.join("cni").join("bin"));
         if cni_bin.is_some() {
-            let _ = fs::write(cni_conf.join("10-chalk.conflist"), CNI_CONFLIST);
+            let _ = fs::write(cni_conf.join("10-chalk.conflist"), cni_conflist(*network));
         }
         // containerd 2.x reads a list of plugin directories (`bin_dir` is ignored there).
         let bin_key = if version == 3 { "bin_dirs" } else { "bin_dir" };
@@ -888,15 +898,24 @@ state = "{state}"
 }
 
 /// A bridge network for pods, private to the test run.
-const CNI_CONFLIST: &str = r#"{
+fn cni_conflist(network: u8) -> String {
+    // 10.88.78.0/24 holds the test nodes' own addresses (crate::k8s).
+    let subnet = format!(
+        "10.88.{}.0/24",
+        if network == 0 { 77 } else { 78 + network }
+    );
+    format!(
+        r#"{{
   "cniVersion": "1.0.0",
-  "name": "chalk-test",
+  "name": "chalk-test{network}",
   "plugins": [
-    {"type": "bridge", "bridge": "chalk-cni0", "isGateway": true, "ipMasq": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.77.0/24"}]],
-              "routes": [{"dst": "0.0.0.0/0"}]}},
-    {"type": "portmap", "capabilities": {"portMappings": true}},
-    {"type": "loopback"}
+    {{"type": "bridge", "bridge": "chalk-cni{network}", "isGateway": true, "ipMasq": true,
+     "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{subnet}"}}]],
+              "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
+    {{"type": "portmap", "capabilities": {{"portMappings": true}}}},
+    {{"type": "loopback"}}
   ]
+}}
+"#
+    )
 }
-"#;

@@ -1,10 +1,10 @@
-//! A single-node Kubernetes on this machine for the RuntimeClass tests: etcd, kube-apiserver
-//! (certificates and a service account key made here, for this run only) and a kubelet, all on
-//! loopback (the kubelet on an address of its own on `lo`), against a private containerd whose CRI has the `chalk` handler as
-//! packaging/install.sh registers it (the harness's CRI setup, pods networked by the CNI
-//! bridge plugin and runsc's `network = "sandbox"`). There is no scheduler or controller
-//! manager: pods name their node, and the `default` service account is made by hand. Every
-//! process stops, and the kubelet's cgroups go, when the node is dropped.
+//! A Kubernetes cluster on this machine for the RuntimeClass and PodSnapshot tests: etcd,
+//! kube-apiserver, kube-scheduler and kube-controller-manager (certificates and a service
+//! account key made here, for this run only), and one or two nodes, each a kubelet on an
+//! address of its own on `lo` against a private containerd whose CRI has the `chalk` handler
+//! as packaging/install.sh registers it (the harness's CRI setup, pods networked by a CNI
+//! bridge of the node's own and runsc's `network = "sandbox"`). Every process stops, and the
+//! kubelets' cgroups go, when the cluster is dropped.
 
 use std::{
     fs,
@@ -14,28 +14,30 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Containerd, CtrOutput};
+use crate::{containerd::CriOptions, registry::Secured, Containerd, CtrOutput};
 
-pub const NODE: &str = "chalk-node";
-/// The node's address, on the loopback interface: reachable from this machine only (a kubelet
-/// refuses a loopback node IP, and the API server reaches the kubelet by it).
-pub const NODE_IP: &str = "10.88.78.1";
+/// The nodes' names and addresses, on the loopback interface: reachable from this machine
+/// only (a kubelet refuses a loopback node IP, and the API server reaches a kubelet by it).
+pub const NODES: [(&str, &str); 2] = [("chalk-a", "10.88.78.1"), ("chalk-b", "10.88.78.2")];
 const ETCD_CLIENT: u16 = 12379;
 const ETCD_PEER: u16 = 12380;
 const API_PORT: u16 = 16443;
 const KUBELET_PORT: u16 = 11250;
-const KUBELET_HEALTHZ: u16 = 11248;
+const KUBELET_HEALTHZ: u16 = 11260;
 
 /// Where the node's programs are (scripts/peers --k8s).
 pub struct Binaries {
     pub apiserver: PathBuf,
+    pub scheduler: PathBuf,
+    pub controller_manager: PathBuf,
     pub kubelet: PathBuf,
     pub kubectl: PathBuf,
     pub etcd: PathBuf,
 }
 
 impl Binaries {
-    /// From CHALK_K8S_BIN (kube-apiserver, kubelet, kubectl) and CHALK_ETCD.
+    /// From CHALK_K8S_BIN (kube-apiserver, kube-scheduler, kube-controller-manager, kubelet,
+    /// kubectl) and CHALK_ETCD.
     pub fn from_env() -> Result<Self, String> {
         let var = |k: &str| {
             std::env::var_os(k)
@@ -46,6 +48,8 @@ impl Binaries {
         let bin = var("CHALK_K8S_BIN")?;
         Ok(Binaries {
             apiserver: bin.join("kube-apiserver"),
+            scheduler: bin.join("kube-scheduler"),
+            controller_manager: bin.join("kube-controller-manager"),
             kubelet: bin.join("kubelet"),
             kubectl: bin.join("kubectl"),
             etcd: var("CHALK_ETCD")?,
@@ -53,14 +57,22 @@ impl Binaries {
     }
 }
 
+/// One node: its name, address and containerd (its kubelet is among the cluster's children).
 pub struct Node {
-    /// Made before the containerd's, so that a stop on a signal runs it after that teardown
-    /// (the kubelet's cgroups empty only once the pods are gone).
-    _on_stop: crate::stop::Registration,
+    pub name: &'static str,
+    pub ip: &'static str,
     pub containerd: Containerd,
+}
+
+pub struct Cluster {
+    /// Made before the containerds, so that a stop on a signal runs it after their teardown
+    /// (the kubelets' cgroups empty only once the pods are gone).
+    _on_stop: crate::stop::Registration,
+    pub nodes: Vec<Node>,
     dir: PathBuf,
+    _dir: tempfile::TempDir,
     bins: Binaries,
-    children: Vec<(&'static str, Child)>,
+    children: Vec<(String, Child)>,
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<(), String> {
@@ -78,8 +90,9 @@ fn openssl(dir: &Path, args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-/// Makes the run's CA and the certificates signed by it: `name.crt`/`name.key` in `pki`.
-fn make_pki(pki: &Path) -> Result<(), String> {
+/// Makes the run's CA and the certificates signed by it: `name.crt`/`name.key` in `pki`,
+/// a kubelet's client and serving pair for each of `nodes`.
+fn make_pki(pki: &Path, nodes: &[(&str, &str)]) -> Result<(), String> {
     fs::create_dir_all(pki).map_err(|e| e.to_string())?;
     openssl(
         pki,
@@ -99,38 +112,40 @@ fn make_pki(pki: &Path) -> Result<(), String> {
             "/CN=chalk-k8s-ca",
         ],
     )?;
-    let certs: [(&str, &str, &str, &str); 5] = [
+    let mut certs: Vec<(String, String, &str, String)> = vec![
         (
-            "apiserver",
-            "/CN=kube-apiserver",
+            "apiserver".into(),
+            "/CN=kube-apiserver".into(),
             "serverAuth",
-            "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default",
+            "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default".into(),
         ),
         (
-            "admin",
-            "/O=system:masters/CN=chalk-admin",
+            "admin".into(),
+            "/O=system:masters/CN=chalk-admin".into(),
             "clientAuth",
-            "",
+            String::new(),
         ),
         (
-            "apiserver-kubelet-client",
-            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "apiserver-kubelet-client".into(),
+            "/O=system:masters/CN=kube-apiserver-kubelet-client".into(),
             "clientAuth",
-            "",
-        ),
-        (
-            "kubelet-client",
-            "/O=system:nodes/CN=system:node:chalk-node",
-            "clientAuth",
-            "",
-        ),
-        (
-            "kubelet",
-            "/CN=chalk-node",
-            "serverAuth",
-            "IP:127.0.0.1,IP:10.88.78.1,DNS:chalk-node,DNS:localhost",
+            String::new(),
         ),
     ];
+    for (node, ip) in nodes {
+        certs.push((
+            format!("kubelet-client-{node}"),
+            format!("/O=system:nodes/CN=system:node:{node}"),
+            "clientAuth",
+            String::new(),
+        ));
+        certs.push((
+            format!("kubelet-{node}"),
+            format!("/CN={node}"),
+            "serverAuth",
+            format!("IP:127.0.0.1,IP:{ip},DNS:{node},DNS:localhost"),
+        ));
+    }
     for (name, subj, usage, sans) in certs {
         let (key, csr, crt, ext) = (
             format!("{name}.key"),
@@ -138,6 +153,7 @@ fn make_pki(pki: &Path) -> Result<(), String> {
             format!("{name}.crt"),
             format!("{name}.ext"),
         );
+        let subj = subj.as_str();
         let mut e = format!(
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n"
         );
@@ -204,16 +220,21 @@ current-context: chalk
     )
 }
 
-fn kubelet_config(dir: &Path, pki: &Path, runtime: &Path) -> String {
+fn kubelet_config(dir: &Path, pki: &Path, runtime: &Path, index: usize) -> String {
     let p = |f: &str| pki.join(f).display().to_string();
+    let (node, ip) = NODES[index];
+    let port = KUBELET_PORT + index as u16;
+    let healthz = KUBELET_HEALTHZ + index as u16;
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: {NODE_IP}
-port: {KUBELET_PORT}
+address: {ip}
+port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: {KUBELET_HEALTHZ}
+healthzPort: {healthz}
+# Each node's pods under a cgroup of its own: two kubelets share this machine.
+cgroupRoot: /{node}
 authentication:
   anonymous: {{enabled: false}}
   webhook: {{enabled: false}}
@@ -236,14 +257,14 @@ evictionHard: {{memory.available: "1Mi", nodefs.available: "1%", imagefs.availab
 serializeImagePulls: false
 "#,
         ca = p("ca.crt"),
-        crt = p("kubelet.crt"),
-        key = p("kubelet.key"),
+        crt = p(&format!("kubelet-{node}.crt")),
+        key = p(&format!("kubelet-{node}.key")),
         runtime = runtime.display(),
-        logs = dir.join("pod-logs").display(),
+        logs = dir.join(format!("pod-logs-{node}")).display(),
     )
 }
 
-fn spawn(dir: &Path, name: &'static str, bin: &Path, args: &[String]) -> Result<Child, String> {
+fn spawn(dir: &Path, name: &str, bin: &Path, args: &[String]) -> Result<Child, String> {
     let log = fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
     let err = log.try_clone().map_err(|e| e.to_string())?;
     Command::new(bin)
@@ -255,34 +276,95 @@ fn spawn(dir: &Path, name: &'static str, bin: &Path, args: &[String]) -> Result<
         .map_err(|e| format!("start {name} ({}): {e}", bin.display()))
 }
 
-impl Node {
-    /// Starts the node: containerd with its CRI, etcd, the API server and the kubelet, and
-    /// waits until the node is Ready.
-    pub fn start(bins: Binaries, cni_bin: PathBuf) -> Result<Node, String> {
-        // Its etcd, API server and kubelet are children in this process's group: a stop on a
-        // signal ends those first (crate::stop).
-        let on_stop = crate::stop::on_stop("the node's address and cgroups", || {
+/// What a cluster is started with.
+pub struct Start<'a> {
+    pub bins: Binaries,
+    pub cni_bin: PathBuf,
+    /// How many of [`NODES`].
+    pub nodes: usize,
+    /// A registry the nodes pull pods' snapshots from (`[restore_from]`).
+    pub registry: Option<&'a Secured>,
+}
+
+impl Cluster {
+    /// Starts the control plane (etcd, the API server, the scheduler, the controller
+    /// manager), then each node (containerd with its CRI, a kubelet), and waits until every
+    /// node is Ready and the `default` service account exists.
+    pub fn start(how: Start) -> Result<Cluster, String> {
+        let nodes = &NODES[..how.nodes.clamp(1, NODES.len())];
+        // Its processes are children in this process's group: a stop on a signal ends those
+        // first (crate::stop).
+        let on_stop = crate::stop::on_stop("the nodes' addresses and cgroups", || {
             remove_kubelet_cgroups();
-            let _ = node_link(false);
+            for (_, ip) in NODES {
+                let _ = node_link(ip, false);
+            }
         });
-        let containerd = Containerd::start_cri(Some(cni_bin), None, None)
-            .map_err(|e| format!("containerd: {e}"))?;
-        let dir = containerd.dir().join("k8s");
+        let tmp = tempfile::Builder::new()
+            .prefix("chalk-k8s-")
+            .tempdir_in("/tmp")
+            .map_err(|e| e.to_string())?;
+        let dir = tmp.path().to_path_buf();
         let pki = dir.join("pki");
-        make_pki(&pki)?;
-        node_link(true)?;
-        let mut node = Node {
+        make_pki(&pki, nodes)?;
+        let mut cluster = Cluster {
             _on_stop: on_stop,
-            containerd,
+            nodes: Vec::new(),
             dir: dir.clone(),
-            bins,
+            _dir: tmp,
+            bins: how.bins,
             children: Vec::new(),
         };
+        cluster.start_control_plane(&pki)?;
+        for (i, (name, ip)) in nodes.iter().enumerate() {
+            node_link(ip, true)?;
+            let containerd = Containerd::start_cri(CriOptions {
+                cni_bin: Some(how.cni_bin.clone()),
+                registry_hosts: how.registry.map(|r| r.hosts_dir.clone()),
+                registry_auth: how.registry.map(|r| r.docker_config.clone()),
+                network: i as u8,
+            })
+            .map_err(|e| format!("containerd of {name}: {e}"))?;
+            cluster.start_kubelet(&pki, i, &containerd)?;
+            cluster.nodes.push(Node {
+                name,
+                ip,
+                containerd,
+            });
+        }
+        for (name, _) in nodes {
+            cluster.wait(
+                &format!("node {name} to be Ready"),
+                Duration::from_secs(120),
+                |c| {
+                    let out = c.kubectl(&[
+                        "get",
+                        "node",
+                        name,
+                        "-o",
+                        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                    ]);
+                    out.stdout.trim() == "True"
+                },
+            )?;
+        }
+        // The controller manager makes each namespace's default service account, which pods
+        // are admitted with.
+        cluster.wait(
+            "the default service account",
+            Duration::from_secs(60),
+            |c| c.kubectl(&["get", "serviceaccount", "default"]).code == 0,
+        )?;
+        Ok(cluster)
+    }
+
+    fn start_control_plane(&mut self, pki: &Path) -> Result<(), String> {
+        let dir = self.dir.clone();
         let s = |v: &str| v.to_string();
         let etcd = spawn(
             &dir,
             "etcd",
-            &node.bins.etcd,
+            &self.bins.etcd,
             &[
                 s("--name=chalk"),
                 format!("--data-dir={}", dir.join("etcd").display()),
@@ -293,12 +375,12 @@ impl Node {
                 format!("--initial-cluster=chalk=http://127.0.0.1:{ETCD_PEER}"),
             ],
         )?;
-        node.children.push(("etcd", etcd));
+        self.children.push(("etcd".into(), etcd));
         let p = |f: &str| pki.join(f).display().to_string();
         let apiserver = spawn(
             &dir,
             "kube-apiserver",
-            &node.bins.apiserver,
+            &self.bins.apiserver,
             &[
                 format!("--etcd-servers=http://127.0.0.1:{ETCD_CLIENT}"),
                 s("--bind-address=127.0.0.1"),
@@ -324,52 +406,83 @@ impl Node {
                 s("--anonymous-auth=false"),
             ],
         )?;
-        node.children.push(("kube-apiserver", apiserver));
-        fs::write(dir.join("admin.kubeconfig"), kubeconfig(&pki, "admin"))
+        self.children.push(("kube-apiserver".into(), apiserver));
+        fs::write(dir.join("admin.kubeconfig"), kubeconfig(pki, "admin"))
             .map_err(|e| e.to_string())?;
-        fs::write(
-            dir.join("kubelet.kubeconfig"),
-            kubeconfig(&pki, "kubelet-client"),
-        )
-        .map_err(|e| e.to_string())?;
-        node.wait("the API server to answer", Duration::from_secs(120), |n| {
-            n.kubectl(&["get", "--raw", "/readyz"]).code == 0
+        self.wait("the API server to answer", Duration::from_secs(120), |c| {
+            c.kubectl(&["get", "--raw", "/readyz"]).code == 0
         })?;
-        fs::write(
-            dir.join("kubelet.yaml"),
-            kubelet_config(&dir, &pki, &node.containerd.socket()),
-        )
-        .map_err(|e| e.to_string())?;
-        let kubelet = spawn(
+        let admin = dir.join("admin.kubeconfig").display().to_string();
+        // Neither serves: nothing here reads their metrics or health.
+        let scheduler = spawn(
             &dir,
-            "kubelet",
-            &node.bins.kubelet,
+            "kube-scheduler",
+            &self.bins.scheduler,
             &[
-                format!("--config={}", dir.join("kubelet.yaml").display()),
-                format!("--kubeconfig={}", dir.join("kubelet.kubeconfig").display()),
-                format!("--root-dir={}", dir.join("kubelet").display()),
-                format!("--hostname-override={NODE}"),
-                format!("--node-ip={NODE_IP}"),
+                format!("--kubeconfig={admin}"),
+                format!("--authentication-kubeconfig={admin}"),
+                format!("--authorization-kubeconfig={admin}"),
+                s("--leader-elect=false"),
+                s("--bind-address=127.0.0.1"),
+                s("--secure-port=0"),
             ],
         )?;
-        node.children.push(("kubelet", kubelet));
-        node.wait("the node to be Ready", Duration::from_secs(120), |n| {
-            let out = n.kubectl(&[
-                "get",
-                "node",
-                NODE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-            ]);
-            out.stdout.trim() == "True"
-        })?;
-        // Pods are admitted only with their namespace's default service account (made by the
-        // controller manager on a full cluster).
-        let sa = node.kubectl(&["create", "serviceaccount", "default"]);
-        if sa.code != 0 && !sa.stderr.contains("AlreadyExists") {
-            return Err(format!("create the default service account: {sa:?}"));
-        }
-        Ok(node)
+        self.children.push(("kube-scheduler".into(), scheduler));
+        let manager = spawn(
+            &dir,
+            "kube-controller-manager",
+            &self.bins.controller_manager,
+            &[
+                format!("--kubeconfig={admin}"),
+                format!("--authentication-kubeconfig={admin}"),
+                format!("--authorization-kubeconfig={admin}"),
+                s("--leader-elect=false"),
+                s("--bind-address=127.0.0.1"),
+                s("--secure-port=0"),
+                format!("--service-account-private-key-file={}", p("sa.key")),
+                format!("--root-ca-file={}", p("ca.crt")),
+                format!("--cluster-signing-cert-file={}", p("ca.crt")),
+                format!("--cluster-signing-key-file={}", p("ca.key")),
+                s("--service-cluster-ip-range=10.0.0.0/24"),
+            ],
+        )?;
+        self.children
+            .push(("kube-controller-manager".into(), manager));
+        Ok(())
+    }
+
+    fn start_kubelet(&mut self, pki: &Path, i: usize, c: &Containerd) -> Result<(), String> {
+        let (node, ip) = NODES[i];
+        make_cgroup_root(node)?;
+        let dir = self.dir.clone();
+        let config = dir.join(format!("kubelet-{node}.yaml"));
+        let kubeconfig_path = dir.join(format!("kubelet-{node}.kubeconfig"));
+        fs::write(
+            &kubeconfig_path,
+            kubeconfig(pki, &format!("kubelet-client-{node}")),
+        )
+        .map_err(|e| e.to_string())?;
+        fs::write(&config, kubelet_config(&dir, pki, &c.socket(), i)).map_err(|e| e.to_string())?;
+        let name = format!("kubelet-{node}");
+        let kubelet = spawn(
+            &dir,
+            &name,
+            &self.bins.kubelet,
+            &[
+                format!("--config={}", config.display()),
+                format!("--kubeconfig={}", kubeconfig_path.display()),
+                format!("--root-dir={}", dir.join(&name).display()),
+                format!("--hostname-override={node}"),
+                format!("--node-ip={ip}"),
+            ],
+        )?;
+        self.children.push((name, kubelet));
+        Ok(())
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
     }
 
     pub fn dir(&self) -> &Path {
@@ -380,7 +493,8 @@ impl Node {
         self.dir.join("admin.kubeconfig")
     }
 
-    /// The tail of the log of `name` (etcd, kube-apiserver, kubelet).
+    /// The tail of the log of `name` (etcd, kube-apiserver, kube-scheduler,
+    /// kube-controller-manager, kubelet-NODE).
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
         let text = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
@@ -391,7 +505,7 @@ impl Node {
         &mut self,
         what: &str,
         timeout: Duration,
-        ready: impl Fn(&Node) -> bool,
+        ready: impl Fn(&Cluster) -> bool,
     ) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -401,11 +515,11 @@ impl Node {
             let exited = self
                 .children
                 .iter_mut()
-                .find_map(|(name, child)| Some((*name, child.try_wait().ok()??)));
+                .find_map(|(name, child)| Some((name.clone(), child.try_wait().ok()??)));
             if let Some((name, status)) = exited {
                 return Err(format!(
                     "{name} exited ({status}) while waiting for {what}:\n{}",
-                    self.log_tail(name, 30)
+                    self.log_tail(&name, 30)
                 ));
             }
             if Instant::now() >= deadline {
@@ -462,29 +576,62 @@ impl Node {
     }
 
     fn stop(&mut self) {
-        // The kubelet first (it would restart what goes), then the API server and etcd.
+        // The kubelets first (they would restart what goes), then the control plane.
         for (_, child) in self.children.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
         }
         self.children.clear();
+        // The pods' sandboxes go with their containerds.
+        self.nodes.clear();
         remove_kubelet_cgroups();
-        let _ = node_link(false);
+        for (_, ip) in NODES {
+            let _ = node_link(ip, false);
+        }
+    }
+
+    /// Starts `bin` with `args` and `env` as a child of the cluster (stopped with it), its
+    /// output in `<name>.log`.
+    pub fn spawn_child(
+        &mut self,
+        name: &str,
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<(), String> {
+        let log =
+            fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(bin)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("start {name} ({}): {e}", bin.display()))?;
+        // After the kubelets in `stop`'s reverse order: placed first.
+        self.children.insert(0, (name.to_string(), child));
+        Ok(())
+    }
+
+    pub fn bins(&self) -> &Binaries {
+        &self.bins
     }
 }
 
-impl Drop for Node {
+impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
     }
 }
 
-/// Adds (or removes) [`NODE_IP`] on the loopback interface: an address of this machine's
-/// only, not in the loopback range.
-fn node_link(make: bool) -> Result<(), String> {
+/// Adds (or removes) `addr` on the loopback interface: an address of this machine's only,
+/// not in the loopback range.
+fn node_link(addr: &str, make: bool) -> Result<(), String> {
     let ip = |verb: &str| {
         Command::new("ip")
-            .args(["addr", verb, &format!("{NODE_IP}/32"), "dev", "lo"])
+            .args(["addr", verb, &format!("{addr}/32"), "dev", "lo"])
             .output()
             .map_err(|e| format!("ip: {e}"))
             .and_then(|o| {
@@ -492,7 +639,7 @@ fn node_link(make: bool) -> Result<(), String> {
                     Ok(())
                 } else {
                     Err(format!(
-                        "ip addr {verb} {NODE_IP}: {}",
+                        "ip addr {verb} {addr}: {}",
                         String::from_utf8_lossy(&o.stderr)
                     ))
                 }
@@ -506,7 +653,35 @@ fn node_link(make: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The kubelet's QoS cgroups (`kubepods`, cgroupfs driver), removed deepest first once empty.
+/// The cgroup a node's kubelet puts its pods under (`cgroupRoot`), made in every hierarchy:
+/// the kubelet refuses one that is missing anywhere.
+fn make_cgroup_root(node: &str) -> Result<(), String> {
+    let base = Path::new("/sys/fs/cgroup");
+    let hierarchies: Vec<PathBuf> = if base.join("cgroup.controllers").exists() {
+        vec![base.to_path_buf()]
+    } else {
+        fs::read_dir(base)
+            .map_err(|e| e.to_string())?
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    };
+    for h in hierarchies {
+        let d = h.join(node);
+        fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        // A v1 cpuset takes no task until it has CPUs and memory nodes.
+        for f in ["cpuset.cpus", "cpuset.mems"] {
+            if let Ok(v) = fs::read_to_string(h.join(f)) {
+                let _ = fs::write(d.join(f), v.trim());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kubelets' cgroups (`/<node>/kubepods`, cgroupfs driver), removed deepest first once
+/// empty.
 fn remove_kubelet_cgroups() {
     fn rm(dir: &Path) {
         for e in fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -516,15 +691,19 @@ fn remove_kubelet_cgroups() {
         }
         let _ = fs::remove_dir(dir);
     }
-    for root in [
-        "/sys/fs/cgroup",
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup/cpu",
-        "/sys/fs/cgroup/pids",
-    ] {
-        let d = Path::new(root).join("kubepods");
-        if d.is_dir() {
-            rm(&d);
+    let base = Path::new("/sys/fs/cgroup");
+    let roots = fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .chain(std::iter::once(base.to_path_buf()));
+    for root in roots {
+        for (node, _) in NODES {
+            let d = root.join(node);
+            if d.is_dir() {
+                rm(&d);
+            }
         }
     }
 }

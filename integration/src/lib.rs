@@ -5,6 +5,7 @@ pub mod api;
 pub mod bench;
 pub mod containerd;
 pub mod cri;
+pub mod crictl;
 pub mod image;
 pub mod k8s;
 pub mod procs;

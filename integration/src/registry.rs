@@ -264,6 +264,29 @@ impl Secured {
         self.dir.join("registry")
     }
 
+    /// The file holding blob `digest` (`sha256:…`) in this registry's storage.
+    pub fn blob_file(&self, digest: &str) -> Option<PathBuf> {
+        let hex = digest.strip_prefix("sha256:")?;
+        let file = self
+            .blobs()
+            .join("docker/registry/v2/blobs/sha256")
+            .join(hex.get(..2)?)
+            .join(hex)
+            .join("data");
+        file.exists().then_some(file)
+    }
+
+    /// The file of the largest layer of manifest `digest` as pushed here: a snapshot's memory.
+    pub fn largest_layer(&self, digest: &str) -> Option<PathBuf> {
+        let manifest = std::fs::read(self.blob_file(digest)?).ok()?;
+        let m: serde_json::Value = serde_json::from_slice(&manifest).ok()?;
+        let layer = m["layers"]
+            .as_array()?
+            .iter()
+            .max_by_key(|l| l["size"].as_u64().unwrap_or(0))?;
+        self.blob_file(layer["digest"].as_str()?)
+    }
+
     /// `command` (a chalkctl) pointed at this registry's hosts directory and credentials.
     pub fn client<'c>(&self, command: &'c mut Command) -> &'c mut Command {
         command

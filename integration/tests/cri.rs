@@ -11,6 +11,7 @@ use chalk_integration::{
     cases,
     containerd::{CRI_HANDLER, IMAGE, PAUSE_IMAGE},
     cri::{ContainerState, Cri},
+    crictl::{Crictl, PodCgroup, PodConfig},
     ensure, procs,
     registry::Secured,
     testkit::{self, Env, Failed, TestResult},
@@ -24,6 +25,8 @@ struct CriEnv {
     cri: Cri,
     /// A registry this node pulls pods' snapshots from (when CHALK_REGISTRY names one).
     registry: Option<Secured>,
+    /// Kubernetes' CRI command line (when CHALK_CRICTL names one).
+    crictl: Option<Crictl>,
 }
 
 impl Deref for CriEnv {
@@ -569,10 +572,10 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
     );
     ensure!(pushed.code == 0, "push: {pushed:?}");
     e.stop_and_remove(&source)?;
-    // The snapshot's own largest blob (its memory), found in this node's store.
-    let memory = largest_file(&e.c.snapshot_store().join("blobs"))
-        .and_then(|p| Some(p.file_name()?.to_string_lossy().to_string()))
-        .ok_or("the store holds no blobs")?;
+    // The snapshot's memory: its largest layer, as the registry holds it.
+    let memory = registry
+        .largest_layer(&snapshot)
+        .ok_or("the registry holds no layer of the snapshot")?;
     let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
     ensure!(deleted.code == 0, "delete: {deleted:?}");
     let pinned = format!("{}/pods/pushed@{snapshot}", registry.addr);
@@ -613,12 +616,6 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
     // A digest the registry does not hold, then the snapshot's memory altered in the
     // registry's storage.
     let absent = format!("{}/pods/pushed@sha256:{}", registry.addr, "1".repeat(64));
-    let memory = registry
-        .blobs()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&memory[..2])
-        .join(&memory)
-        .join("data");
     let mut bytes = std::fs::read(&memory).map_err(|err| err.to_string())?;
     let at = bytes.len() / 2;
     bytes[at] ^= 0xff;
@@ -650,24 +647,6 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
         );
     }
     Ok(())
-}
-
-/// The largest file under `dir`.
-fn largest_file(dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    let mut best: Option<(u64, std::path::PathBuf)> = None;
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).ok()?.flatten() {
-            let path = entry.path();
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
-                todo.push(path);
-            } else if best.as_ref().is_none_or(|(size, _)| meta.len() > *size) {
-                best = Some((meta.len(), path));
-            }
-        }
-    }
-    best.map(|(_, p)| p)
 }
 
 fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> TestResult {
@@ -712,6 +691,121 @@ fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> Tes
     Ok(())
 }
 
+/// A pod cgroup for this run, as the kubelet names one (`pod<uid>`), with `mib` MiB of memory
+/// and 0.6 of a CPU.
+fn pod_cgroup(name: &str, mib: u64) -> Result<PodCgroup, Failed> {
+    let path = format!("/chalk-crictl-{}/pod{name}", std::process::id());
+    Ok(PodCgroup::make(&path, mib << 20, 60_000)?)
+}
+
+/// The sandbox's MemTotal, in kB.
+fn mem_total(crictl: &Crictl, id: &str) -> Result<u64, Failed> {
+    let out = crictl.exec(id, &["grep", "MemTotal", "/proc/meminfo"])?;
+    out.split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| Failed::from(format!("MemTotal in {id}: {out:?}")))
+}
+
+/// Through crictl: a pod whose cgroup (the kubelet's, with the pod's limits) gives it 320 MiB
+/// sees 320 MiB inside its sandbox, not the host's memory: runsc sizes a sandbox from the
+/// cgroup it runs in, and the shim puts a pod's sandbox in its pod's.
+fn crictl_a_pods_limits_are_what_its_sandbox_sees(e: &CriEnv) -> TestResult {
+    let crictl = e.crictl.as_ref().ok_or("no crictl")?;
+    let cgroup = pod_cgroup("limits", 320)?;
+    let pod = PodConfig {
+        name: "limits",
+        cgroup_parent: Some(&cgroup.path),
+        ..Default::default()
+    };
+    let id = crictl.runp(&pod, CRI_HANDLER)?;
+    let web = crictl.run_container(&id, &pod, "web", IMAGE, COUNTER)?;
+    let kb = mem_total(crictl, &web)?;
+    ensure!(
+        kb == 320 << 10,
+        "MemTotal inside is {kb} kB; the pod's cgroup allows {} kB",
+        320 << 10
+    );
+    crictl.remove_pod(&id)?;
+    e.gone(&id)
+}
+
+/// Through crictl, a pod with an init container starts from a snapshot of another: the init
+/// container, which the snapshot had run to completion, is skipped (it reads exited 0 and
+/// never ran: its log is empty), the app carries on from the snapshot's memory, and the
+/// sandbox is sized by the new pod's cgroup (other limits than the source's).
+fn crictl_a_pod_with_an_init_container_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
+    let crictl = e.crictl.as_ref().ok_or("no crictl")?;
+    let (c1, c2) = (pod_cgroup("src", 320)?, pod_cgroup("restored", 384)?);
+    const INIT: &[&str] = &["/bin/sh", "-c", "echo init-ran"];
+    let exited_zero = |id: &str| -> TestResult {
+        let deadline = Instant::now() + 20 * SECOND;
+        loop {
+            let s = crictl.inspect(id)?;
+            if s["state"] == "CONTAINER_EXITED" {
+                ensure!(s["exitCode"] == 0, "{id} exited: {s}");
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "{id} did not exit: {s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let source = PodConfig {
+        name: "with-init",
+        cgroup_parent: Some(&c1.path),
+        ..Default::default()
+    };
+    let src = crictl.runp(&source, CRI_HANDLER)?;
+    let init = crictl.run_container(&src, &source, "setup", IMAGE, INIT)?;
+    exited_zero(&init)?;
+    ensure!(
+        crictl.log("with-init", "setup").contains("init-ran"),
+        "the source's init container did not run"
+    );
+    let web = crictl.run_container(&src, &source, "web", IMAGE, COUNTER)?;
+    std::thread::sleep(Duration::from_millis(2500));
+    let snapshot = pod_snapshot(e, &src)?;
+    let at_snapshot: u64 = crictl.exec(&web, &["cat", "/tmp/n"])?.parse().unwrap_or(0);
+
+    let restored = PodConfig {
+        name: "from-snapshot",
+        annotations: &[(RESTORE_FROM, &snapshot)],
+        cgroup_parent: Some(&c2.path),
+    };
+    let started = Instant::now();
+    let pod = crictl.runp(&restored, CRI_HANDLER)?;
+    let init2 = crictl.run_container(&pod, &restored, "setup", IMAGE, INIT)?;
+    exited_zero(&init2)?;
+    let web2 = crictl.run_container(&pod, &restored, "web", IMAGE, COUNTER)?;
+    let running_in = started.elapsed();
+    ensure!(
+        !crictl.log("from-snapshot", "setup").contains("init-ran"),
+        "the restored pod ran its init container again"
+    );
+    let n: u64 = crictl.exec(&web2, &["cat", "/tmp/n"])?.parse().unwrap_or(0);
+    ensure!(
+        n + 1 >= at_snapshot && at_snapshot > 0,
+        "the restored web counts from {n}; the source had {at_snapshot} at the snapshot"
+    );
+    let kb = mem_total(crictl, &web2)?;
+    ensure!(
+        kb == 384 << 10,
+        "the restored pod's MemTotal is {kb} kB; its own pod cgroup allows {} kB (the \
+         source's, {})",
+        384 << 10,
+        320 << 10
+    );
+    eprintln!(
+        "pod with an init container from a snapshot, through crictl: running in {running_in:?}"
+    );
+    crictl.remove_pod(&pod)?;
+    e.gone(&pod)?;
+    crictl.remove_pod(&src)?;
+    e.gone(&src)?;
+    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    Ok(())
+}
+
 fn main() {
     testkit::check_args();
     let registry = std::env::var_os("CHALK_REGISTRY")
@@ -720,13 +814,14 @@ fn main() {
             Secured::start(std::path::Path::new(&bin), None, &[])
                 .unwrap_or_else(|e| panic!("cannot start the registry: {e}"))
         });
-    let c = Containerd::start_cri(
-        None,
-        registry.as_ref().map(|r| r.hosts_dir.clone()),
-        registry.as_ref().map(|r| r.docker_config.clone()),
-    )
+    let c = Containerd::start_cri(chalk_integration::containerd::CriOptions {
+        registry_hosts: registry.as_ref().map(|r| r.hosts_dir.clone()),
+        registry_auth: registry.as_ref().map(|r| r.docker_config.clone()),
+        ..Default::default()
+    })
     .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
     let cri = Cri::connect(&c.socket()).unwrap_or_else(|e| panic!("CRI: {e}"));
+    let crictl = Crictl::from_env(&c.socket());
     // Debian's runsc (2022) cannot snapshot a running pod (see above), so nor fork one.
     let old_runsc = !testkit::current_runsc();
     let all = cases![
@@ -745,6 +840,16 @@ fn main() {
         .map(|c| c.ignored_if(old_runsc)),
     )
     .chain(
+        cases![crictl_a_pods_limits_are_what_its_sandbox_sees]
+            .into_iter()
+            .map(|c| c.ignored_if(crictl.is_none())),
+    )
+    .chain(
+        cases![crictl_a_pod_with_an_init_container_starts_from_a_snapshot]
+            .into_iter()
+            .map(|c| c.ignored_if(old_runsc || crictl.is_none())),
+    )
+    .chain(
         cases![a_pod_starts_from_a_registry_snapshot_this_node_lacks]
             .into_iter()
             .map(|c| c.ignored_if(old_runsc || registry.is_none())),
@@ -755,6 +860,7 @@ fn main() {
             env: Env { c },
             cri,
             registry,
+            crictl,
         },
         all,
         |_| Ok(()),

@@ -95,8 +95,9 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-/// The spec as runsc gets it: pointed at the network namespace the shim made, and the
-/// process adapted as [`adapt_process`] says.
+/// The spec as runsc gets it: pointed at the network namespace the shim made, the process
+/// adapted as [`adapt_process`] says, and a pod's sandbox put in its pod's cgroup
+/// ([`crate::spec::pod_cgroup`]).
 pub fn adapted_spec(spec: &Value, netns: Option<&Path>, terminal: bool) -> Value {
     let mut adapted = spec.clone();
     if let Some(path) = netns {
@@ -104,6 +105,9 @@ pub fn adapted_spec(spec: &Value, netns: Option<&Path>, terminal: bool) -> Value
     }
     adapt_process(&mut adapted["process"], terminal);
     drop_shadowed_mounts(&mut adapted);
+    if let Some(pod) = crate::spec::pod_cgroup(spec) {
+        adapted["linux"]["cgroupsPath"] = pod.into();
+    }
     // The shim sets the sandbox's OOM score itself (runsc 2022 fails writing it for a pod's
     // gofer, and a sandbox holding a pod must take its workload's score, not the pause one).
     if let Some(process) = adapted["process"].as_object_mut() {
@@ -179,10 +183,20 @@ pub fn remove_made(bundle: &Path, netns: Option<&Path>) {
     let _ = std::fs::remove_file(bundle.join(RECORD_FILE));
 }
 
-/// The spec's `linux.cgroupsPath` when it names a cgroup by path (absolute, no `..`); a
-/// systemd `slice:prefix:name` or a relative one is left to runsc.
+/// The spec's `linux.cgroupsPath` when it names a cgroup by path (absolute, no `..`) that
+/// runsc made; a systemd `slice:prefix:name`, a relative one, or a pod's own cgroup (the
+/// kubelet's, which a pod's sandbox runs in) is left alone.
 fn cgroups_path(spec: &Value) -> Option<String> {
     let path = spec.pointer("/linux/cgroupsPath")?.as_str()?;
+    if crate::spec::annotation(spec, crate::spec::CRI_CONTAINER_TYPE) == Some("sandbox")
+        && path
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.starts_with("pod"))
+    {
+        return None;
+    }
     let plain = path.starts_with('/')
         && !path.contains(':')
         && path.split('/').all(|c| c != ".." && c != ".")
@@ -260,6 +274,12 @@ mod tests {
             assert_eq!(path(bad), None, "{bad}");
         }
         assert_eq!(cgroups_path(&json!({})), None);
+        // A pod's sandbox runs in the kubelet's pod cgroup: that one is the kubelet's to remove.
+        let sandbox = json!({
+            "annotations": {crate::spec::CRI_CONTAINER_TYPE: "sandbox"},
+            "linux": {"cgroupsPath": "/kubepods/podabc"}
+        });
+        assert_eq!(cgroups_path(&sandbox), None);
     }
 
     #[test]
@@ -309,6 +329,14 @@ mod tests {
         assert_eq!(adapted["mounts"][2]["source"], "/pod/shm");
         let plain = json!({"mounts": [{"destination": "/proc"}, {"destination": "/dev"}]});
         assert_eq!(adapted_spec(&plain, None, false)["mounts"], plain["mounts"]);
+        let pause = json!({
+            "annotations": {crate::spec::CRI_CONTAINER_TYPE: "sandbox"},
+            "linux": {"cgroupsPath": "/kubepods/podabc/c1"}
+        });
+        assert_eq!(
+            adapted_spec(&pause, None, false)["linux"]["cgroupsPath"],
+            "/kubepods/podabc"
+        );
     }
 
     #[test]

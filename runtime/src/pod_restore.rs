@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::snapshot::extra::{MemberRole, PodFacts};
 pub use chalk_labels::RESTORE_FROM;
 
 /// CRI's annotations of a pod's namespace and name (on the sandbox container's spec).
@@ -90,14 +91,14 @@ impl RestoreSource {
     pub fn parse(value: &str) -> Result<RestoreSource, String> {
         let value = value.trim();
         let form = "give `sha256:<64 hex digits>` (a snapshot in this node's store) or \
-                    `REGISTRY/REPOSITORY@sha256:<64 hex digits>`";
+                    `REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex digits>`";
         if is_digest(value) {
             return Ok(RestoreSource::Local { id: value.into() });
         }
         match value.rsplit_once('@') {
             Some((reference, id)) if is_digest(id) && valid_reference(reference) => {
                 Ok(RestoreSource::Remote {
-                    reference: reference.into(),
+                    reference: without_tag(reference).into(),
                     id: id.into(),
                 })
             }
@@ -131,8 +132,9 @@ fn is_digest(s: &str) -> bool {
     })
 }
 
-/// `host[:port]/path` with the characters a registry reference may have, and no tag (the
-/// digest pins it).
+/// `host[:port]/path[:tag]` with the characters a registry reference may have. A tag is
+/// allowed (`chalkctl snapshot push` and the PodSnapshot's `restoreFrom` print one) but
+/// never used: the digest pins the snapshot.
 fn valid_reference(r: &str) -> bool {
     let Some((host, path)) = r.split_once('/') else {
         return false;
@@ -142,7 +144,26 @@ fn valid_reference(r: &str) -> bool {
             && s.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || extra.contains(&b))
     };
-    ok(host, b".-:") && path.split('/').all(|p| ok(p, b"._-")) && !r.contains("..")
+    let (path, tag) = match path.rsplit_once(':') {
+        Some((p, t)) if !t.contains('/') => (p, Some(t)),
+        _ => (path, None),
+    };
+    let tag_ok = tag.is_none_or(|t| {
+        t.len() <= 128
+            && !t.starts_with(['.', '-'])
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && !t.is_empty()
+    });
+    ok(host, b".-:") && path.split('/').all(|p| ok(p, b"._-")) && tag_ok && !r.contains("..")
+}
+
+/// A valid reference without its tag, if it has one.
+fn without_tag(r: &str) -> &str {
+    match r.rsplit_once(':') {
+        Some((p, t)) if !t.contains('/') && p.contains('/') => p,
+        _ => r,
+    }
 }
 
 /// Whether pods of Kubernetes namespace `namespace` may start from a snapshot here; if not,
@@ -165,24 +186,25 @@ pub fn admit(opts: &RestoreFromOptions, namespace: &str, pod: &str) -> Result<()
     Ok(())
 }
 
-/// Checks the new pod's container `name` against the containers the snapshot holds
-/// (`snapshot_names`), and says which one it is.
-pub fn match_member<'a>(
-    snapshot: &str,
-    snapshot_names: &'a [String],
-    name: &str,
-) -> Result<&'a str, String> {
-    snapshot_names
-        .iter()
-        .find(|n| *n == name)
-        .map(String::as_str)
-        .ok_or_else(|| {
-            format!(
-                "container {name:?} is not in snapshot {snapshot}, which holds {}: a pod that \
-                 starts from a snapshot has the snapshot's containers, by name",
-                list(snapshot_names)
-            )
-        })
+/// Checks the new pod's container `name` against the snapshot's pod (`pod`): restored into
+/// the sandbox, skipped (an init container that had completed), or refused with why.
+pub fn match_member(snapshot: &str, pod: &PodFacts, name: &str) -> Result<MemberRole, String> {
+    match pod.role_of(name) {
+        MemberRole::Unknown => {
+            let names: Vec<String> = pod.containers.iter().map(|m| m.name.clone()).collect();
+            let done = if pod.completed.is_empty() {
+                String::new()
+            } else {
+                format!(", and had run {} to completion", list(&pod.completed))
+            };
+            Err(format!(
+                "container {name:?} is not in snapshot {snapshot}, which holds {}{done}: a pod \
+                 that starts from a snapshot has the snapshot's containers, by name",
+                list(&names)
+            ))
+        }
+        role => Ok(role),
+    }
 }
 
 /// Container `name` of a pod that starts from a snapshot runs the image (`runs`, by digest)
@@ -191,7 +213,8 @@ pub fn same_image(name: &str, wanted: &str, runs: Option<&str>) -> Result<(), St
     match runs {
         Some(d) if d == wanted => Ok(()),
         Some(d) => Err(format!(
-            "container {name:?} runs image {d}, but the snapshot's ran {wanted}: a restore needs              the same image by digest (pin the pod's image to it)"
+            "container {name:?} runs image {d}, but the snapshot's ran {wanted}: a restore \
+             needs the same image by digest (pin the pod's image to it)"
         )),
         None => Err(format!(
             "container {name:?} has no image record to compare with the snapshot's ({wanted})"
@@ -232,6 +255,9 @@ mod tests {
             }
         );
         assert_eq!(r.id(), D);
+        // What a push prints (a tag and the digest): the tag is dropped, the digest pins it.
+        let tagged = RestoreSource::parse(&format!("127.0.0.1:5000/snaps/app:v1@{D}")).unwrap();
+        assert_eq!(tagged, r);
     }
 
     #[test]
@@ -245,6 +271,9 @@ mod tests {
             &format!("app@{D}"),
             &format!("Registry.example/App@{D}"),
             &format!("host/../x@{D}"),
+            &format!("host/x:@{D}"),
+            &format!("host/x:-v1@{D}"),
+            &format!("host/x:v 1@{D}"),
             &D.to_uppercase(),
         ] {
             let err = RestoreSource::parse(bad).unwrap_err();
@@ -300,15 +329,28 @@ mod tests {
     }
 
     #[test]
-    fn containers_match_the_snapshots_by_name() {
-        let names = vec!["web".to_string(), "side".to_string()];
-        assert_eq!(match_member(D, &names, "side").unwrap(), "side");
-        let err = match_member(D, &names, "other").unwrap_err();
+    fn containers_match_the_snapshots_by_name_and_init_containers_are_skipped() {
+        let pod: PodFacts = serde_json::from_value(serde_json::json!({
+            "containers": [
+                {"id": "1", "name": "web", "image": "i", "spec": {}},
+                {"id": "2", "name": "side", "image": "i", "spec": {}}
+            ],
+            "completed": ["setup"]
+        }))
+        .unwrap();
+        assert_eq!(match_member(D, &pod, "side").unwrap(), MemberRole::Restored);
+        assert_eq!(
+            match_member(D, &pod, "setup").unwrap(),
+            MemberRole::Completed
+        );
+        let err = match_member(D, &pod, "other").unwrap_err();
         assert!(
-            err.contains("\"other\"") && err.contains("\"web\", \"side\""),
+            err.contains("\"other\"")
+                && err.contains("\"web\", \"side\"")
+                && err.contains("\"setup\""),
             "{err}"
         );
-        let err = match_member(D, &[], "web").unwrap_err();
+        let err = match_member(D, &PodFacts::default(), "web").unwrap_err();
         assert!(err.contains("no containers"), "{err}");
     }
 }

@@ -162,6 +162,32 @@ fn fork_cgroup(path: &str, old_id: &str, new_id: &str, new_pod: Option<&str>) ->
     }
 }
 
+/// The kubelet's cgroup of the pod whose sandbox (pause) container `spec` is, when its
+/// `linux.cgroupsPath` names one by path (cgroupfs: `…/pod<uid>/<container>`). A gVisor
+/// sandbox holds the whole pod and runsc sizes it (memory, CPUs) from the cgroup it is put
+/// in: the pause container's has no limits, the pod's has them all (its containers' and the
+/// RuntimeClass overhead). gVisor's own shim names the pod's cgroup by an annotation, which
+/// runsc compares across a restore; the path is not compared, so a pod restored from a
+/// snapshot joins its own new pod's cgroup. A systemd path (`slice:prefix:name`) is left as it
+/// is.
+pub fn pod_cgroup(spec: &Value) -> Option<String> {
+    if annotation(spec, CRI_CONTAINER_TYPE) != Some("sandbox") {
+        return None;
+    }
+    let path = spec.pointer("/linux/cgroupsPath")?.as_str()?;
+    if path.contains(':') || !path.starts_with('/') {
+        return None;
+    }
+    let (parent, _container) = path.trim_end_matches('/').rsplit_once('/')?;
+    let last = parent.rsplit('/').next()?;
+    let is_pod = last.len() > 3
+        && last.starts_with("pod")
+        && last[3..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    (is_pod && !parent.split('/').any(|c| c == "..")).then(|| parent.to_string())
+}
+
 /// The id of the sandbox `id` runs in: its pod's, or its own. Containers of one pod share one
 /// shim and one runsc root, as they share one sandbox.
 pub fn sandbox_id_of(spec: Option<&Value>, id: &str) -> String {
@@ -175,6 +201,32 @@ pub fn sandbox_id_of(spec: Option<&Value>, id: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_pod_sandbox_is_sized_by_its_pods_cgroup() {
+        let spec = |kind: &str, path: &str| json!({"annotations": {CRI_CONTAINER_TYPE: kind}, "linux": {"cgroupsPath": path}});
+        let pod = "/node-a/kubepods/burstable/pod6f1c2d3e-aa/0123abcd";
+        assert_eq!(
+            pod_cgroup(&spec("sandbox", pod)).as_deref(),
+            Some("/node-a/kubepods/burstable/pod6f1c2d3e-aa")
+        );
+        assert_eq!(
+            pod_cgroup(&spec("sandbox", "/kubepods/podabc/c1")).as_deref(),
+            Some("/kubepods/podabc")
+        );
+        // A pod's container, a plain container, a fork's own cgroup, systemd's form and a
+        // path that climbs are left alone.
+        assert_eq!(pod_cgroup(&spec("container", pod)), None);
+        assert_eq!(pod_cgroup(&json!({"linux": {"cgroupsPath": pod}})), None);
+        assert_eq!(pod_cgroup(&spec("sandbox", "/chalk-forks/p1/f1")), None);
+        assert_eq!(pod_cgroup(&spec("sandbox", "/k8s.io/0123abcd")), None);
+        assert_eq!(
+            pod_cgroup(&spec("sandbox", "kubepods-podabc.slice:cri-containerd:c1")),
+            None
+        );
+        assert_eq!(pod_cgroup(&spec("sandbox", "/../podabc/c1")), None);
+        assert_eq!(pod_cgroup(&spec("sandbox", "/pod/c1")), None);
+    }
 
     #[test]
     fn reads_string_arrays_and_skips_the_rest() {

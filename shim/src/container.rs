@@ -173,9 +173,10 @@ pub struct RestoreFrom {
     /// How many pod containers the sandbox held besides its own (each is restored into it
     /// when it starts).
     pub pod_members: usize,
-    /// Those containers (CRI name, image and its digest): a container joining the restored pod
-    /// must be one of them, on the same image.
-    pub members: Vec<chalk_runtime::snapshot::extra::PodMember>,
+    /// Those containers (CRI name, image and its digest), and the ones that had completed (init
+    /// containers): a container joining the restored pod must be one of the first, on the
+    /// same image, or is one of the second and is skipped.
+    pub pod: chalk_runtime::snapshot::extra::PodFacts,
     /// The CRI names of those that have joined so far.
     pub joined: Mutex<Vec<String>>,
     /// A pod that starts from a snapshot (`chalk.io/restore-from`): how long its sandbox waits
@@ -221,6 +222,12 @@ pub struct Container {
     pub restore_from: Option<RestoreFrom>,
     /// A pod sandbox being restored: how many of its pod's containers are still to be.
     pub pending_pod_members: std::sync::atomic::AtomicUsize,
+    /// A pod sandbox: the CRI names of its containers that ran to completion (exit 0), such as
+    /// its init containers; a snapshot records them, and a pod restored from it skips them.
+    pub completed_members: Mutex<Vec<String>>,
+    /// A pod's init container that the snapshot its pod starts from had already run to
+    /// completion: it never runs, and exits 0 at Start.
+    pub skipped: bool,
     /// Whether the running sandbox came from a checkpoint (runsc treats those differently).
     pub restored: AtomicBool,
     /// What runs around its checkpoints and restores: the options' hooks, then its own.

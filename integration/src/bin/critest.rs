@@ -269,7 +269,12 @@ fn run(report: &Path, focus: Option<&str>) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     }
-    let c = Containerd::start_cri(Some(cni), Some(hosts), None).map_err(|e| e.to_string())?;
+    let c = Containerd::start_cri(chalk_integration::containerd::CriOptions {
+        cni_bin: Some(cni),
+        registry_hosts: Some(hosts),
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
     let endpoint = format!("unix://{}", c.socket().display());
     let json = work.path().join("critest.json");
     let mut cmd = Command::new(&critest);

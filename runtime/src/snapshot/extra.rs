@@ -40,6 +40,35 @@ impl Extra {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PodFacts {
     pub containers: Vec<PodMember>,
+    /// The CRI names of the pod's containers that had run to completion (exit 0) when the
+    /// snapshot was taken and run no more: its init containers. A pod that starts from the
+    /// snapshot skips them (their work is in the memory it restores).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub completed: Vec<String>,
+}
+
+impl PodFacts {
+    /// What a pod starting from the snapshot does with its container `name`.
+    pub fn role_of(&self, name: &str) -> MemberRole {
+        if self.containers.iter().any(|m| m.name == name) {
+            MemberRole::Restored
+        } else if self.completed.iter().any(|n| n == name) {
+            MemberRole::Completed
+        } else {
+            MemberRole::Unknown
+        }
+    }
+}
+
+/// A new pod's container, against the snapshot its pod starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberRole {
+    /// It ran in the snapshot's sandbox: its state is restored into the new one.
+    Restored,
+    /// It had run to completion (an init container): it is skipped, reported as exited 0.
+    Completed,
+    /// The snapshot has no container of that name.
+    Unknown,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,6 +108,18 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_new_pods_container_is_restored_skipped_or_unknown() {
+        let facts: PodFacts = serde_json::from_value(json!({
+            "containers": [{"id": "c1", "name": "web", "image": "busybox", "spec": {}}],
+            "completed": ["setup"]
+        }))
+        .unwrap();
+        assert_eq!(facts.role_of("web"), MemberRole::Restored);
+        assert_eq!(facts.role_of("setup"), MemberRole::Completed);
+        assert_eq!(facts.role_of("other"), MemberRole::Unknown);
+    }
+
+    #[test]
     fn extra_reads_and_writes_the_schema_1_keys() {
         let text = json!({
             "pod": {"containers": [{"id": "c1", "name": "web", "image": "busybox", "spec": {}}]},
@@ -93,6 +134,9 @@ mod tests {
         assert_eq!(back["pod"], text["pod"]);
         assert_eq!(back["from-a-hook"], text["from-a-hook"]);
         assert!(Extra::default().is_empty());
+        // A snapshot from before `completed` was recorded reads as having none.
+        assert!(extra.pod.as_ref().unwrap().completed.is_empty());
+        assert!(back["pod"].get("completed").is_none());
         assert_eq!(Extra::default().moved_pids(), Vec::<u32>::new());
     }
 }

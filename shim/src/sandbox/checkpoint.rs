@@ -148,7 +148,8 @@ impl Sandboxes {
         }
         manifest.extra.gpu = handed.as_ref().map(|(_, h)| h.facts.clone());
         if !members.is_empty() {
-            manifest.extra.pod = Some(pod_facts(&members, |id| {
+            let completed = c.completed_members.lock().unwrap().clone();
+            manifest.extra.pod = Some(pod_facts(&members, completed, |id| {
                 self.records().image_of(id).ok().flatten().map(|i| i.digest)
             }));
         }
@@ -528,8 +529,13 @@ fn check_pod_checkpoint(c: &Container, members: usize, suspend: bool) -> Result<
 }
 
 /// What a manifest records of a pod's other containers: id, CRI name, image (with the digest
-/// `digest_of` finds for a container) and spec.
-fn pod_facts(members: &[Arc<Container>], digest_of: impl Fn(&str) -> Option<String>) -> PodFacts {
+/// `digest_of` finds for a container) and spec of each running one, and the names of those
+/// that had run to completion (`completed`, less any that runs again).
+fn pod_facts(
+    members: &[Arc<Container>],
+    mut completed: Vec<String>,
+    digest_of: impl Fn(&str) -> Option<String>,
+) -> PodFacts {
     let containers = members
         .iter()
         .map(|m| {
@@ -553,8 +559,12 @@ fn pod_facts(members: &[Arc<Container>], digest_of: impl Fn(&str) -> Option<Stri
                 spec,
             }
         })
-        .collect();
-    PodFacts { containers }
+        .collect::<Vec<PodMember>>();
+    completed.retain(|n| !containers.iter().any(|m| &m.name == n));
+    PodFacts {
+        containers,
+        completed,
+    }
 }
 
 /// Runs `f` with the sandbox running: containerd pauses a task around Checkpoint, and what

@@ -113,9 +113,12 @@ impl Sandboxes {
         })?;
         let invalid = |e: String| ShimError::InvalidArgument(format!("container {id}: {e}"));
         let placement = Placement::of(&spec).map_err(invalid)?;
-        if let Placement::InPod { sandbox_id } = &placement {
-            self.check_pod_sandbox(id, sandbox_id, &checkpoint, &spec)?;
-        }
+        let skipped = match &placement {
+            Placement::InPod { sandbox_id } => {
+                self.check_pod_sandbox(id, sandbox_id, &checkpoint, &spec)?
+            }
+            Placement::OwnSandbox => false,
+        };
         let hooks = chalk_hooks::config::container_hooks(
             &opts.hooks,
             opts.allow_annotation_hooks,
@@ -195,6 +198,8 @@ impl Sandboxes {
             placement,
             oom_score_adj: chalk_runtime::spec::workload_oom_score_adj(&spec),
             pending_pod_members: Default::default(),
+            completed_members: Default::default(),
+            skipped,
             bundle: bundle_dir.clone(),
             runtime,
             features,
@@ -219,6 +224,10 @@ impl Sandboxes {
         // A restore runs at Start, as with runc: nothing runs until then.
         let pid = if container.restore_from.is_some() {
             0
+        } else if skipped {
+            // Nothing runs in the sandbox for it: its pid is the sandbox's, as a member's is.
+            self.container(&container.sandbox_id)
+                .map_or(0, |root| root.state.lock().unwrap().init.pid as i32)
         } else {
             match self.launch_sandbox(&container, &stdio, Launch::Create) {
                 Ok((pid, pio)) => {

@@ -47,7 +47,13 @@ impl Sandboxes {
             status: KILLED,
             at: SystemTime::now(),
         };
-        if pid > 0 {
+        if c.skipped {
+            // runsc never knew it (see `pod::skip_in_pod`); a skipped container never started
+            // reads as killed, as any pod container that never started does.
+            if status == Status::Created {
+                cell.set(killed());
+            }
+        } else if pid > 0 {
             match c.runtime.delete(id, true) {
                 Ok(()) => {}
                 // A stopped pod container whose sandbox is gone has nothing left to delete.

@@ -9,6 +9,14 @@ use chalk_runtime::{runsc::ProcessStdio, state::Status};
 
 use super::Sandboxes;
 use crate::container::{Container, Process, KILLED};
+
+/// Pod container `c`'s name in its pod (CRI's annotation; its id where there is none).
+pub(super) fn cri_name(c: &Container) -> String {
+    let spec = chalk_runtime::bundle::read_spec(&c.bundle).unwrap_or_default();
+    chalk_runtime::spec::annotation(&spec, chalk_runtime::pod_restore::CRI_CONTAINER_NAME)
+        .unwrap_or(&c.id)
+        .to_string()
+}
 use crate::{
     errors::{Result, ShimError},
     io,
@@ -34,14 +42,15 @@ impl Sandboxes {
             .collect()
     }
 
-    /// A pod container joins the sandbox its pod's sandbox container made in this shim.
+    /// A pod container joins the sandbox its pod's sandbox container made in this shim;
+    /// whether it is skipped (see [`Sandboxes::check_restored_member`]).
     pub(super) fn check_pod_sandbox(
         &self,
         id: &str,
         sandbox_id: &str,
         checkpoint: &str,
         spec: &serde_json::Value,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let sandbox = self.container(sandbox_id).map_err(|_| {
             ShimError::FailedPrecondition(format!(
                 "container {id}: its pod's sandbox container {sandbox_id} is not running in this shim"
@@ -110,8 +119,37 @@ impl Sandboxes {
                 log::warn!("container {}: {e}; it ended with its sandbox", member.id);
                 KILLED as i32
             });
+            if status == 0 {
+                this.note_completed(&member);
+            }
             this.process_exited(&member.id, "", status);
         });
         Ok(())
+    }
+
+    /// Start of a pod container that is skipped (an init container that the snapshot its pod
+    /// starts from had run to completion): its stdio is opened, for CRI's log readers to see
+    /// it end, and nothing runs.
+    pub(super) fn skip_in_pod(&self, c: &Arc<Container>, init: &mut Process) -> Result<()> {
+        if !init.stdio.terminal {
+            let (_, pio) = io::open_plain(&init.stdio, &self.log_context(&c.id), None)
+                .map_err(|e| ShimError::InvalidArgument(format!("open stdio of {}: {e}", c.id)))?;
+            init.io = pio;
+        }
+        self.note_completed(c);
+        Ok(())
+    }
+
+    /// Pod container `c` ran to completion: its pod's sandbox remembers its name (a snapshot
+    /// of the pod records it; a pod restored from that snapshot skips it).
+    fn note_completed(&self, c: &Container) {
+        let Ok(root) = self.container(&c.sandbox_id) else {
+            return;
+        };
+        let name = cri_name(c);
+        let mut done = root.completed_members.lock().unwrap();
+        if !done.contains(&name) {
+            done.push(name);
+        }
     }
 }

@@ -7,7 +7,9 @@
 use chalk_runtime::{
     options::RuntimeOptions,
     pod_restore::CRI_SANDBOX_NAMESPACE,
-    pod_restore::{self, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, RESTORE_FROM},
+    pod_restore::{
+        self, MemberRole, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, RESTORE_FROM,
+    },
     spec::{annotation, CRI_CONTAINER_TYPE},
 };
 use serde_json::Value;
@@ -82,36 +84,50 @@ impl Sandboxes {
         from.members_wait = Some(std::time::Duration::from_secs(opts.restore_from.wait_secs));
         log::info!(
             "pod {namespace}/{pod}: starts from snapshot {id} with containers {:?}",
-            from.members.iter().map(|m| &m.name).collect::<Vec<_>>()
+            from.pod
+                .containers
+                .iter()
+                .map(|m| &m.name)
+                .collect::<Vec<_>>()
         );
         Ok(Some(from))
     }
 
     /// A container joining pod sandbox `sandbox` that starts from a snapshot must be one of
-    /// the snapshot's containers, by its CRI name, on the same image by digest.
+    /// the snapshot's containers, by its CRI name, on the same image by digest, or one the
+    /// snapshot had run to completion (an init container), which is skipped: whether it is.
     pub(super) fn check_restored_member(
         &self,
         id: &str,
         sandbox: &Container,
         spec: &Value,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let Some(from) = sandbox.restore_from.as_ref() else {
-            return Ok(());
+            return Ok(false);
         };
-        if from.snapshot.is_empty() && from.members.is_empty() {
-            return Ok(());
+        if from.snapshot.is_empty() && from.pod.containers.is_empty() {
+            return Ok(false);
         }
         let refused = |e: String| ShimError::FailedPrecondition(format!("container {id}: {e}"));
         let name = annotation(spec, CRI_CONTAINER_NAME).unwrap_or(id);
-        let names: Vec<String> = from.members.iter().map(|m| m.name.clone()).collect();
-        let matched = pod_restore::match_member(&from.snapshot, &names, name).map_err(refused)?;
-        let member = from.members.iter().find(|m| m.name == matched);
+        if pod_restore::match_member(&from.snapshot, &from.pod, name).map_err(refused)?
+            == MemberRole::Completed
+        {
+            log::info!(
+                "pod sandbox {}: container {name:?} had run to completion in snapshot {}: \
+                 skipped",
+                sandbox.id,
+                from.snapshot
+            );
+            return Ok(true);
+        }
+        let member = from.pod.containers.iter().find(|m| m.name == name);
         if let Some(wanted) = member.and_then(|m| m.image_digest.as_deref()) {
             let runs = self.records().image_of(id)?;
             pod_restore::same_image(name, wanted, runs.as_ref().map(|i| i.digest.as_str()))
                 .map_err(refused)?;
         }
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -122,11 +138,7 @@ impl Sandboxes {
             return;
         };
         if let Some(from) = &root.restore_from {
-            let spec = chalk_runtime::bundle::read_spec(&c.bundle).unwrap_or_default();
-            let name = annotation(&spec, CRI_CONTAINER_NAME)
-                .unwrap_or(&c.id)
-                .to_string();
-            from.joined.lock().unwrap().push(name);
+            from.joined.lock().unwrap().push(super::pod::cri_name(c));
         }
     }
 
@@ -144,7 +156,8 @@ impl Sandboxes {
             {
                 return;
             }
-            let expected: Vec<String> = from.members.iter().map(|m| m.name.clone()).collect();
+            let expected: Vec<String> =
+                from.pod.containers.iter().map(|m| m.name.clone()).collect();
             let joined = from.joined.lock().unwrap().clone();
             log::error!(
                 "pod sandbox {}: container(s) {:?} of snapshot {} did not join within {wait:?}: \

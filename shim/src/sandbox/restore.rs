@@ -119,12 +119,7 @@ impl Sandboxes {
             dir: from.to_path_buf(),
             cuda_pids: m.extra.moved_pids(),
             pod_members: m.extra.pod_members(),
-            members: m
-                .extra
-                .pod
-                .as_ref()
-                .map(|p| p.containers.clone())
-                .unwrap_or_default(),
+            pod: m.extra.pod.clone().unwrap_or_default(),
             joined: Default::default(),
             members_wait: None,
             snapshot: stored.to_string(),

@@ -40,6 +40,13 @@ impl Sandboxes {
             self.finish_busy(&c, &mut st);
             drop(st);
             restored?;
+        } else if c.skipped {
+            // An init container the snapshot had run: reported started, then exited 0.
+            self.skip_in_pod(&c, &mut st.init)?;
+            st.init.status = next;
+            self.started(&c, st.init.pid);
+            self.record_exit(id, &mut st.init, 0);
+            drop(st);
         } else if c.in_pod() {
             self.start_in_pod(&c, &mut st.init)?;
             // The last container of a pod being restored settles the pod's restore.

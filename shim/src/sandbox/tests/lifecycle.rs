@@ -185,3 +185,33 @@ fn an_execs_client_that_opens_its_output_only_after_the_exit_is_not_left_waiting
     assert!(got.unwrap().is_empty(), "end-of-file");
     w.shim.delete("web", "e1").unwrap();
 }
+
+#[test]
+fn a_pod_remembers_the_containers_that_ran_to_completion() {
+    let w = world();
+    let pod = serde_json::json!({
+        "io.kubernetes.cri.container-type": "sandbox",
+        "io.kubernetes.cri.sandbox-id": "pod2",
+    });
+    let member = |name: &str| {
+        serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": "pod2",
+            "io.kubernetes.cri.container-name": name,
+        })
+    };
+    w.create_with("pod2", pod, "", Vec::new()).unwrap();
+    w.shim.start("pod2", "").unwrap();
+    for (id, name) in [("init1", "setup"), ("bad1", "broken"), ("app1", "app")] {
+        w.create_with(id, member(name), "", Vec::new()).unwrap();
+        w.shim.start(id, "").unwrap();
+    }
+    // An init container completes; another fails; the app runs on.
+    w.runtime.end("init1", 0);
+    w.runtime.end("bad1", 1);
+    wait_for_events(&w.events, EXIT, 2);
+    assert_eq!(w.shim.wait("init1", "").unwrap().status, 0);
+    let root = w.shim.container("pod2").unwrap();
+    // What a snapshot of the pod records as completed, and a pod restored from it skips.
+    assert_eq!(*root.completed_members.lock().unwrap(), ["setup"]);
+}

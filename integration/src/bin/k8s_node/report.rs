@@ -1,0 +1,179 @@
+//! KUBERNETES.md: the components, then every step with its result, time and what it saw.
+
+use std::{fmt::Write as _, process::Command};
+
+use chalk_integration::{k8s::Binaries, procs};
+
+use crate::{Step, Timings};
+
+fn today() -> String {
+    Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// What a peer is: the pinned version its directory in the peers' cache names (binaries built
+/// from the module proxy say no version of their own), and what it says.
+fn version(bin: &std::path::Path, args: &[&str]) -> String {
+    let pinned = bin
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("`{pinned}` (says: {})", procs::first_line(bin, args))
+}
+
+pub fn render(steps: &[Step], boot: f64, timings: Option<&Timings>) -> String {
+    let bins = Binaries::from_env().ok();
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "# Kubernetes with chalk-shim: RuntimeClass, PodSnapshots, two nodes\n"
+    );
+    let _ = writeln!(
+        t,
+        "Written by `scripts/k8s-node --test` on {} from a real run on this machine: etcd, \
+         kube-apiserver, kube-scheduler and kube-controller-manager (loopback, certificates made \
+         for the run), and two nodes, `chalk-a` (10.88.78.1) and `chalk-b` (10.88.78.2), each \
+         a kubelet against a private containerd whose CRI has the `chalk` handler as \
+         `packaging/install.sh` registers it, runsc with `network = \"sandbox\"` over a CNI \
+         bridge of the node's own, and `[restore_from]` on for the `default` namespace. A \
+         Distribution registry (TLS and a password, on loopback) carries snapshots between \
+         the nodes; chalk-agent runs on each node under the RBAC of \
+         `packaging/kubernetes/agent.yaml`, and `kubectl chalk` is the kubectl plugin. \
+         Everything is driven through kubectl and the API.\n",
+        today()
+    );
+    if let Some(b) = &bins {
+        let _ = writeln!(t, "| component | version |\n|---|---|");
+        let _ = writeln!(
+            t,
+            "| kube-apiserver | {} |",
+            version(&b.apiserver, &["--version"])
+        );
+        let _ = writeln!(
+            t,
+            "| kube-scheduler | {} |",
+            version(&b.scheduler, &["--version"])
+        );
+        let _ = writeln!(
+            t,
+            "| kube-controller-manager | {} |",
+            version(&b.controller_manager, &["--version"])
+        );
+        let _ = writeln!(t, "| kubelet | {} |", version(&b.kubelet, &["--version"]));
+        let _ = writeln!(
+            t,
+            "| kubectl | {} |",
+            version(&b.kubectl, &["version", "--client"])
+        );
+        let _ = writeln!(t, "| etcd | {} |", version(&b.etcd, &["--version"]));
+        let containerd = chalk_integration::containerd::program("CHALK_CONTAINERD", "containerd");
+        let _ = writeln!(
+            t,
+            "| containerd | {} |",
+            version(&containerd, &["--version"])
+        );
+        let runsc = std::env::var("CHALK_RUNSC").unwrap_or_else(|_| "runsc".into());
+        let _ = writeln!(
+            t,
+            "| runsc | {} |\n",
+            version(std::path::Path::new(&runsc), &["--version"])
+        );
+    }
+    let passed = steps.iter().filter(|s| s.ok).count();
+    let _ = writeln!(
+        t,
+        "Both nodes were Ready {boot:.1}s after the start. {passed} of {} steps passed.\n",
+        steps.len()
+    );
+    let _ = writeln!(
+        t,
+        "| step | result | time | what it saw |\n|---|---|---|---|"
+    );
+    for s in steps {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.1}s | {} |",
+            s.name,
+            if s.ok { "pass" } else { "**fail**" },
+            s.secs,
+            s.detail.replace('|', "\\|").replace('\n', " ")
+        );
+    }
+    if let Some(x) = timings {
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                format!("{:.2}x", a / b)
+            } else {
+                "-".into()
+            }
+        };
+        let _ = writeln!(
+            t,
+            "\n## Against a fresh pod\n\nSeconds from the command to the pod Running and \
+             Ready, each beside a fresh pod of the same spec made through the scheduler (for 1 \
+             GB, the fresh pod is Ready once its 1 GB is written).\n\n| | from the snapshot | \
+             fresh pod | ratio |\n|---|---|---|---|"
+        );
+        for (what, got, fresh) in [
+            (
+                "fork, small pod (3 pods, all Ready)",
+                x.fork_small,
+                x.fresh_small,
+            ),
+            (
+                "resume on the other node, small pod",
+                x.resume_small,
+                x.fresh_small,
+            ),
+            (
+                "fork, 1 GB (through the scheduler)",
+                x.fork_big,
+                x.fresh_big,
+            ),
+            (
+                "resume on the other node, 1 GB (pull included)",
+                x.resume_big,
+                x.fresh_big,
+            ),
+        ] {
+            let _ = writeln!(
+                t,
+                "| {what} | {got:.2} | {fresh:.2} | {} |",
+                ratio(got, fresh)
+            );
+        }
+        let _ = writeln!(
+            t,
+            "\nThe 1 GB suspend (snapshot, push, the pod deleted) took {:.2}s.",
+            x.suspend_big
+        );
+    }
+    t.push_str(NOTES);
+    t
+}
+
+const NOTES: &str = r#"
+## Notes
+
+- **Resource limits inside the sandbox.** The kubelet sizes the pod's cgroup (the containers'
+  limits plus the RuntimeClass overhead) and the sandbox is held to it on the host, but inside
+  gVisor `/proc/meminfo`, `nproc` and the cgroup files show the host's figures: runsc sizes a
+  sandbox from the cgroup it is started in, the pause container's, which the kubelet gives no
+  limits. gVisor's own shim names the pod's cgroup instead (the annotation
+  `dev.gvisor.spec.cgroup-parent`); chalk-shim does not, because the runsc tested here checks
+  that annotation across a checkpoint and refuses to restore a fork of the pod anywhere but in
+  the source pod's cgroup (tried: the fork failed with `"Annotations" does not match across
+  checkpoint restore`). A later gVisor accepts a new pod's cgroup at restore (its restore
+  validation tests a restore into a new pod); with such a runsc the shim
+  can name the pod's cgroup and this step can pass.
+- The kubelet runs with `failCgroupV1: false`: this machine boots with cgroup v1, which
+  kubelets since 1.35 refuse unless told.
+- The kubelet's address is 10.88.78.1 on `lo` (a kubelet refuses a loopback node IP); the API
+  server, etcd and the kubelet listen on loopback or that address only.
+- A deleted pod's shim and runsc processes are gone as soon as `kubectl delete` returns; its
+  stopped sandbox's record in containerd goes with the kubelet's next garbage collection.
+"#;

@@ -1,0 +1,695 @@
+//! The PodSnapshot steps on two nodes, through kubectl and the API only: chalk-agent on each
+//! node, a pod snapshotted and forked into pods the scheduler places, a suspend and a resume
+//! on the other node, refusals, and a pod holding 1 GB moved between nodes.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use chalk_integration::{
+    containerd::IMAGE,
+    k8s::{until, Cluster, NODES},
+    registry::Secured,
+};
+use serde_json::Value;
+
+use crate::kube::*;
+use crate::Run;
+
+/// The nodes' agents, stopped when dropped.
+struct Agents(Vec<Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Where this run's binaries are (chalk-agent, kubectl-chalk).
+fn built() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.to_path_buf()))
+        .unwrap_or_default()
+}
+
+fn packaging(file: &str) -> Result<String, String> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../packaging/kubernetes")
+        .join(file);
+    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Applies the CRD and the agent's RBAC (agent.yaml but its DaemonSet: the agents run here
+/// directly), and starts one agent per node with a token of the agent's service account.
+fn start_agents(c: &Cluster, registry: &Secured, dir: &Path) -> Result<(Agents, String), String> {
+    let crd = c.apply(&packaging("crd.yaml")?);
+    if crd.code != 0 {
+        return Err(format!("the CRD: {}", crd.stderr));
+    }
+    let est = c.kubectl(&[
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "crd/podsnapshots.chalk.io",
+    ]);
+    if est.code != 0 {
+        return Err(format!("the CRD is not established: {}", est.stderr));
+    }
+    let rbac: Vec<&str> = packaging("agent.yaml")?
+        .leak()
+        .split("\n---\n")
+        .filter(|d| !d.contains("kind: DaemonSet"))
+        .collect();
+    let applied = c.apply(&rbac.join("\n---\n"));
+    if applied.code != 0 {
+        return Err(format!("agent.yaml: {}", applied.stderr));
+    }
+    let token = c.kubectl(&[
+        "create",
+        "token",
+        "chalk-agent",
+        "-n",
+        "chalk-system",
+        "--duration=2h",
+    ]);
+    if token.code != 0 {
+        return Err(format!("a token for chalk-agent: {}", token.stderr));
+    }
+    let admin = std::fs::read_to_string(c.kubeconfig()).map_err(|e| e.to_string())?;
+    // The admin's kubeconfig with the service account's token for its user.
+    let user_at = admin.find("users:").ok_or("no users in the kubeconfig")?;
+    let ctx_at = admin
+        .find("contexts:")
+        .ok_or("no contexts in the kubeconfig")?;
+    let config = format!(
+        "{}users:\n- name: admin\n  user:\n    token: {}\n{}",
+        &admin[..user_at],
+        token.stdout.trim(),
+        &admin[ctx_at..]
+    );
+    let kubeconfig = dir.join("agent.kubeconfig");
+    std::fs::write(&kubeconfig, config).map_err(|e| e.to_string())?;
+    let mut agents = Agents(Vec::new());
+    for n in &c.nodes {
+        let log = std::fs::File::create(dir.join(format!("chalk-agent-{}.log", n.name)))
+            .map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(built().join("chalk-agent"))
+            .arg("--node")
+            .arg(n.name)
+            .arg("--address")
+            .arg(n.containerd.socket())
+            .arg("--config")
+            .arg(n.containerd.options_path())
+            .arg("--hosts-dir")
+            .arg(&registry.hosts_dir)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("DOCKER_CONFIG", &registry.docker_config)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("chalk-agent: {e}"))?;
+        agents.0.push(child);
+    }
+    Ok((agents, kubeconfig.display().to_string()))
+}
+
+/// `kubectl chalk ARGS` (kubectl finds the plugin, kubectl-chalk, on PATH; it takes no flag
+/// before the plugin's name, so the cluster is KUBECONFIG's) as JSON.
+fn chalk(c: &Cluster, args: &[&str]) -> Result<Value, String> {
+    let mut all = vec!["chalk"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
+    let out: chalk_integration::CtrOutput = Command::new(&c.bins().kubectl)
+        .args(&all)
+        .env("KUBECONFIG", c.kubeconfig())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("kubectl: {e}"))?
+        .into();
+    if out.code != 0 {
+        return Err(format!("kubectl {all:?}: {}", out.stderr.trim()));
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))
+}
+
+/// The counter pod: counts seconds into /tmp/n and its log, ready while it counts; spread
+/// across nodes with its forks (they carry its spec).
+fn counter_pod(name: &str, node: &str, fill_mb: u64) -> String {
+    let fill = if fill_mb > 0 {
+        format!(
+            "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={fill_mb} iflag=fullblock 2>/dev/null; "
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{app: {name}}}
+spec:
+  runtimeClassName: chalk
+  nodeName: {node}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: DoNotSchedule
+    labelSelector: {{matchLabels: {{app: {name}}}}}
+  containers:
+  - name: main
+    image: {IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "{fill}i=0; while :; do i=$((i+1)); echo $i > /tmp/n; echo tick $i; sleep 1; done"]
+    readinessProbe:
+      exec: {{command: ["cat", "/tmp/n"]}}
+      periodSeconds: 1
+"#
+    )
+}
+
+fn count(c: &Cluster, pod: &str) -> Result<u64, String> {
+    let out = exec(c, pod, None, &["cat", "/tmp/n"]);
+    out.stdout
+        .trim()
+        .parse()
+        .map_err(|_| format!("the counter of {pod}: {out:?}"))
+}
+
+fn node_of(c: &Cluster, pod: &str) -> Result<String, String> {
+    Ok(json(c, &["get", "pod", pod])?["spec"]["nodeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// Polls pod `pod`'s Ready condition until stopped; how many polls saw it not Ready.
+struct ReadyWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(u32, u32)>,
+}
+
+fn watch_ready(kubeconfig: PathBuf, kubectl: PathBuf, pod: &str) -> ReadyWatch {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, pod) = (stop.clone(), pod.to_string());
+    let thread = std::thread::spawn(move || {
+        let (mut polls, mut unready) = (0, 0);
+        while !flag.load(Ordering::SeqCst) {
+            let out = Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["get", "pod", &pod, "-o"])
+                .arg("jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
+                .output();
+            polls += 1;
+            if !out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "True") {
+                unready += 1;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        (polls, unready)
+    });
+    ReadyWatch { stop, thread }
+}
+
+impl ReadyWatch {
+    fn end(self) -> (u32, u32) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or((0, 0))
+    }
+}
+
+/// Snapshots on `node` (chalkctl's records in the node's CRI namespace).
+fn snapshots_on(c: &Cluster, node: usize) -> String {
+    c.nodes[node]
+        .containerd
+        .chalkctl(&["snapshot", "list", "-o", "json"])
+        .stdout
+}
+
+/// Bytes of the snapshot store of `node`.
+fn store_bytes(c: &Cluster, node: usize) -> u64 {
+    let blobs = c.nodes[node]
+        .containerd
+        .snapshot_store()
+        .join("blobs/sha256");
+    std::fs::read_dir(blobs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Waits for `pods` to be Running and ready; the time it took from `since`.
+fn all_ready(c: &Cluster, pods: &[String], since: Instant) -> Result<f64, String> {
+    for p in pods {
+        ready(c, p, Duration::from_secs(180))?;
+    }
+    Ok(since.elapsed().as_secs_f64())
+}
+
+/// A fresh pod of the same kind through the scheduler (no nodeName): seconds to Ready.
+fn fresh_start(c: &Cluster, name: &str, fill_mb: u64) -> Result<f64, String> {
+    let spec = counter_pod(name, "", fill_mb).replace("  nodeName: \n", "");
+    let t = Instant::now();
+    let out = c.apply(&spec);
+    if out.code != 0 {
+        return Err(out.stderr);
+    }
+    ready(c, name, Duration::from_secs(180))?;
+    let secs = t.elapsed().as_secs_f64();
+    c.kubectl(&["delete", "pod", name, "--wait=true", "--timeout=60s"]);
+    Ok(secs)
+}
+
+/// A pod (no node named) that starts from `from`, in `namespace`; fails with an event that
+/// names `why`, and leaves no sandbox on any node.
+fn refused(
+    c: &Cluster,
+    name: &str,
+    namespace: &str,
+    from: &str,
+    why: &str,
+) -> Result<String, String> {
+    let spec = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {namespace}
+  annotations: {{chalk.io/restore-from: "{from}"}}
+spec:
+  runtimeClassName: chalk
+  automountServiceAccountToken: false
+  containers:
+  - name: main
+    image: {IMAGE}
+    imagePullPolicy: Never
+    command: ["sleep", "100000"]
+"#
+    );
+    let out = c.apply(&spec);
+    if out.code != 0 {
+        return Err(out.stderr);
+    }
+    let field = format!("involvedObject.name={name},reason=FailedCreatePodSandBox");
+    let said = until(Duration::from_secs(60), || {
+        let e = c.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &field,
+            "-o",
+            "jsonpath={.items[0].message}",
+        ]);
+        (!e.stdout.trim().is_empty()).then(|| e.stdout.trim().to_string())
+    })
+    .ok_or_else(|| format!("no FailedCreatePodSandBox event for {name}"))?;
+    let deleted = c.kubectl(&["delete", "pod", name, "-n", namespace, "--wait=true"]);
+    if !said.contains(why) {
+        return Err(format!("the event does not say {why:?}: {said}"));
+    }
+    let filter = format!("labels.\"io.kubernetes.pod.name\"=={name}");
+    let left: Vec<String> = c
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            let ids = n
+                .containerd
+                .ctr(["containers", "list", "-q", filter.as_str()]);
+            ids.stdout
+                .lines()
+                .flat_map(processes_of)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if deleted.code != 0 || !left.is_empty() {
+        return Err(format!("delete {deleted:?}; left running: {left:?}"));
+    }
+    // From the shim's own words on.
+    let at = said.find(&format!("{namespace}/{name}")).unwrap_or(0);
+    Ok(said[at..].to_string())
+}
+
+pub fn steps(run: &mut Run, registry: &Secured) {
+    let c = run.node;
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            run.step("chalk-agent on both nodes", |_| Err(e.to_string()));
+            return;
+        }
+    };
+    // kubectl finds `kubectl chalk` on PATH.
+    let path = format!(
+        "{}:{}",
+        built().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    std::env::set_var("PATH", path);
+    let mut agents = None;
+    let up = run.step(
+        "chalk-agent on each node (CRD and RBAC from packaging/kubernetes, a service account token)",
+        |c| {
+            let (a, _) = start_agents(c, registry, dir.path())?;
+            agents = Some(a);
+            let role = json(c, &["get", "clusterrole", "chalk-agent"])?;
+            Ok(format!(
+                "{} agents running as system:serviceaccount:chalk-system:chalk-agent, {} rules",
+                c.nodes.len(),
+                role["rules"].as_array().map_or(0, Vec::len)
+            ))
+        },
+    );
+    if !up {
+        return;
+    }
+    let (a, b) = (NODES[0].0, NODES[1].0);
+    let reg = registry.addr.clone();
+    let source_up = run.step(&format!("a counter pod on node {a}, and a Service selecting it"), |c| {
+        let out = c.apply(&counter_pod("counter", a, 0));
+        if out.code != 0 {
+            return Err(out.stderr);
+        }
+        let svc = c.apply(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: counter}\nspec:\n  selector: {app: counter}\n  ports: [{port: 80}]\n",
+        );
+        if svc.code != 0 {
+            return Err(svc.stderr);
+        }
+        ready(c, "counter", Duration::from_secs(120))?;
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(format!("counting: {}", count(c, "counter")?))
+    });
+    if !source_up {
+        return;
+    }
+    let mut at_snapshot = 0;
+    let snapped = run.step(
+        "kubectl chalk snapshot counter --push-to REGISTRY: the PodSnapshot completes on its node; the pod stays Running and Ready",
+        |c| {
+            let watch = watch_ready(c.kubeconfig(), c.bins().kubectl.clone(), "counter");
+            let before = restarts(&json(c, &["get", "pod", "counter"])?);
+            let t = Instant::now();
+            let to = format!("{reg}/pods/counter:v1");
+            let got = chalk(c, &["snapshot", "counter", "--name", "counter-1", "--push-to", &to]);
+            let secs = t.elapsed().as_secs_f64();
+            at_snapshot = count(c, "counter").unwrap_or(0);
+            std::thread::sleep(Duration::from_secs(2));
+            let (polls, unready) = watch.end();
+            let got = got?;
+            let p = json(c, &["get", "pod", "counter"])?;
+            let s = &got["status"];
+            if s["node"] != a || !s["restoreFrom"].as_str().unwrap_or("").contains('@') {
+                return Err(format!("status: {s}"));
+            }
+            if unready > 0 || restarts(&p) != before || p["status"]["phase"] != "Running" {
+                return Err(format!(
+                    "the pod was not Ready in {unready} of {polls} polls during its snapshot; restarts {before} -> {}",
+                    restarts(&p)
+                ));
+            }
+            Ok(format!(
+                "{secs:.2}s through kubectl (agent: snapshot {} ms, push {} ms, {} bytes); Ready in all {polls} polls of the pod during it",
+                s["timings"]["snapshotMs"], s["timings"]["pushMs"], s["sizeBytes"]
+            ))
+        },
+    );
+    let mut fork_secs = 0.0;
+    if snapped {
+        run.step(
+            "kubectl chalk fork counter-1 --count 3: the scheduler places them on both nodes; Running and Ready, counters carry on, logs, exec, the Service",
+            |c| {
+                let t = Instant::now();
+                let got = chalk(c, &["fork", "counter-1", "--count", "3"])?;
+                let pods: Vec<String> = got["pods"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                if pods.len() != 3 {
+                    return Err(format!("made {got}"));
+                }
+                fork_secs = all_ready(c, &pods, t)?;
+                let mut nodes = BTreeSet::new();
+                let mut seen = Vec::new();
+                for p in &pods {
+                    let node = node_of(c, p)?;
+                    let n = count(c, p)?;
+                    if n + 1 < at_snapshot {
+                        return Err(format!("{p} counts from {n}; the source had {at_snapshot}"));
+                    }
+                    let logs = c.kubectl(&["logs", p]);
+                    if logs.code != 0 || !logs.stdout.contains("tick") {
+                        return Err(format!("logs of {p}: {logs:?}"));
+                    }
+                    let host = exec(c, p, None, &["hostname"]);
+                    let ip = json(c, &["get", "pod", p])?["status"]["podIP"].clone();
+                    seen.push(format!("{p} on {node} at {n} (hostname {}, pod IP {ip})", host.stdout.trim()));
+                    nodes.insert(node);
+                }
+                if nodes.len() < 2 {
+                    return Err(format!("all forks on one node: {seen:?}"));
+                }
+                let slices = json(c, &["get", "endpointslices", "-l", "kubernetes.io/service-name=counter"])?;
+                let ready_eps: usize = slices["items"]
+                    .as_array()
+                    .map(|items| {
+                        items
+                            .iter()
+                            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                            .filter(|e| e["conditions"]["ready"] == true)
+                            .count()
+                    })
+                    .unwrap_or(0);
+                if ready_eps != 4 {
+                    return Err(format!("the Service has {ready_eps} ready endpoints, not 4: {seen:?}"));
+                }
+                let _ = c.kubectl(&["delete", "pod", "--wait=true", &pods[0], &pods[1], &pods[2]]);
+                Ok(format!(
+                    "all 3 Ready {fork_secs:.2}s after the command; {}; the Service's EndpointSlices list 4 ready endpoints",
+                    seen.join("; ")
+                ))
+            },
+        );
+    }
+    let fresh_secs = run.timed_step(
+        "a fresh pod of the same spec through the scheduler (for comparison)",
+        |c| fresh_start(c, "counter-fresh", 0),
+    );
+    let mut at_suspend = 0;
+    let suspended = run.step(
+        &format!("kubectl chalk suspend counter --push-to REGISTRY on {a}: the pod is gone, and nothing of it stays on {a}"),
+        |c| {
+            let sandbox = sandbox_of(c, "counter")?;
+            at_suspend = count(c, "counter")?;
+            let t = Instant::now();
+            let to = format!("{reg}/pods/counter:suspended");
+            let got = chalk(c, &["suspend", "counter", "--name", "counter-2", "--push-to", &to])?;
+            let secs = t.elapsed().as_secs_f64();
+            let id = got["status"]["snapshotId"].as_str().unwrap_or_default().to_string();
+            until(Duration::from_secs(60), || {
+                (c.kubectl(&["get", "pod", "counter"]).code != 0).then_some(())
+            })
+            .ok_or("the pod is still there")?;
+            let gone = until(Duration::from_secs(30), || processes_of(&sandbox).is_empty().then_some(()));
+            if gone.is_none() {
+                return Err(format!("left running: {:?}", processes_of(&sandbox)));
+            }
+            if snapshots_on(c, 0).contains(&id) {
+                return Err(format!("{id} is still on {a}"));
+            }
+            Ok(format!(
+                "suspended in {secs:.2}s (snapshot {} ms, push {} ms); no process of its sandbox, no record of {} on {a}; {a}'s store holds {} bytes",
+                got["status"]["timings"]["snapshotMs"],
+                got["status"]["timings"]["pushMs"],
+                &id[..19.min(id.len())],
+                store_bytes(c, 0)
+            ))
+        },
+    );
+    let mut resume_secs = 0.0;
+    if suspended {
+        run.step(&format!("kubectl cordon {a}; kubectl chalk resume counter-2: it runs on {b} with its memory"), |c| {
+            let cordon = c.kubectl(&["cordon", a]);
+            if cordon.code != 0 {
+                return Err(cordon.stderr);
+            }
+            let t = Instant::now();
+            chalk(c, &["resume", "counter-2"])?;
+            resume_secs = all_ready(c, &["counter".to_string()], t)?;
+            let node = node_of(c, "counter")?;
+            let n = count(c, "counter")?;
+            if node != b || n + 1 < at_suspend {
+                return Err(format!("resumed on {node} counting from {n} (suspended at {at_suspend})"));
+            }
+            Ok(format!("Ready on {node} {resume_secs:.2}s after the command, counting on from {n} (suspended at {at_suspend})"))
+        });
+    }
+    run.step(
+        "pods naming a tampered, missing or disallowed snapshot fail with an event naming why, and leave nothing",
+        |c| {
+            // Another snapshot, its memory altered in the registry.
+            let pushed = chalk(c, &["snapshot", "counter", "--name", "counter-3", "--push-to", &format!("{reg}/pods/counter:v3")])?;
+            let id = pushed["status"]["snapshotId"].as_str().unwrap_or_default().to_string();
+            let from = pushed["status"]["restoreFrom"].as_str().unwrap_or_default().to_string();
+            let largest = registry.largest_layer(&id).ok_or("no blob to alter")?;
+            let mut bytes = std::fs::read(&largest).map_err(|e| e.to_string())?;
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0xff;
+            std::fs::write(&largest, bytes).map_err(|e| e.to_string())?;
+            // The node that has it locally (the counter's) is cordoned away: pods go to the other.
+            let _ = c.kubectl(&["uncordon", a]);
+            let _ = c.kubectl(&["cordon", b]);
+            let mut said = Vec::new();
+            said.push(refused(c, "from-tampered", "default", &from, "could not be pulled")?);
+            let missing = format!("{reg}/pods/counter@sha256:{}", "0".repeat(64));
+            said.push(refused(c, "from-missing", "default", &missing, "could not be pulled")?);
+            let _ = c.kubectl(&["create", "namespace", "other"]);
+            until(Duration::from_secs(30), || {
+                (c.kubectl(&["get", "serviceaccount", "default", "-n", "other"]).code == 0).then_some(())
+            });
+            said.push(refused(c, "from-elsewhere", "other", &from, "may not start pods")?);
+            let _ = c.kubectl(&["uncordon", b]);
+            let _ = c.kubectl(&["delete", "podsnapshot", "counter-3", "--wait=true"]);
+            Ok(said.join(" / "))
+        },
+    );
+    let _ = c.kubectl(&["uncordon", a]);
+    let _ = c.kubectl(&["uncordon", b]);
+    big_pod(run, &reg);
+    run.step(
+        "kubectl delete podsnapshot: its snapshot leaves its node (the finalizer)",
+        |c| {
+            let before = snapshots_on(c, 0);
+            let got = json(c, &["get", "podsnapshot", "counter-1"])?;
+            let id = got["status"]["snapshotId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if !before.contains(&id) {
+                return Err(format!("{id} was not on {a} to begin with"));
+            }
+            let del = c.kubectl(&[
+                "delete",
+                "podsnapshot",
+                "counter-1",
+                "--wait=true",
+                "--timeout=60s",
+            ]);
+            if del.code != 0 {
+                return Err(del.stderr);
+            }
+            if snapshots_on(c, 0).contains(&id) {
+                return Err(format!("{id} is still on {a}"));
+            }
+            Ok(format!(
+                "{} deleted; not on {a} any more",
+                &id[..19.min(id.len())]
+            ))
+        },
+    );
+    run.timings = Some(crate::Timings {
+        fork_small: fork_secs,
+        fresh_small: fresh_secs.unwrap_or(0.0),
+        resume_small: resume_secs,
+        ..run.timings.take().unwrap_or_default()
+    });
+    let _ = c.kubectl(&[
+        "delete",
+        "pod",
+        "counter",
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
+    drop(agents);
+}
+
+/// A pod holding 1 GB: suspended on one node, resumed on the other; forked through the
+/// scheduler; beside a fresh pod of the same spec.
+fn big_pod(run: &mut Run, reg: &str) {
+    let (a, b) = (NODES[0].0, NODES[1].0);
+    let mut t = crate::Timings::default();
+    let up = run.step(&format!("a pod holding 1 GB in memory on {b}"), |c| {
+        let out = c.apply(&counter_pod("big", b, 1024));
+        if out.code != 0 {
+            return Err(out.stderr);
+        }
+        ready(c, "big", Duration::from_secs(300))?;
+        Ok(format!(
+            "Ready with 1 GB of /dev/urandom in its /tmp, counting {}",
+            count(c, "big")?
+        ))
+    });
+    if up {
+        let moved = run.step(&format!("1 GB: suspended on {b} (pushed), {b} cordoned, resumed: Running on {a}"), |c| {
+            let st = Instant::now();
+            let got = chalk(c, &["suspend", "big", "--name", "big-1", "--push-to", &format!("{reg}/pods/big:v1")])?;
+            t.suspend_big = st.elapsed().as_secs_f64();
+            until(Duration::from_secs(60), || (c.kubectl(&["get", "pod", "big"]).code != 0).then_some(()))
+                .ok_or("the pod is still there")?;
+            let _ = c.kubectl(&["cordon", b]);
+            let rt = Instant::now();
+            chalk(c, &["resume", "big-1"])?;
+            t.resume_big = all_ready(c, &["big".to_string()], rt)?;
+            let _ = c.kubectl(&["uncordon", b]);
+            let node = node_of(c, "big")?;
+            if node != a {
+                return Err(format!("resumed on {node}"));
+            }
+            Ok(format!(
+                "suspend {:.2}s ({} bytes; snapshot {} ms, push {} ms); Ready on {a} {:.2}s after `resume` (pull included)",
+                t.suspend_big, got["status"]["sizeBytes"], got["status"]["timings"]["snapshotMs"],
+                got["status"]["timings"]["pushMs"], t.resume_big
+            ))
+        });
+        if moved {
+            run.step(
+                "1 GB: kubectl chalk fork big-1 through the scheduler",
+                |c| {
+                    let ft = Instant::now();
+                    let got = chalk(c, &["fork", "big-1", "--count", "1"])?;
+                    let pod = got["pods"][0].as_str().unwrap_or_default().to_string();
+                    t.fork_big = all_ready(c, std::slice::from_ref(&pod), ft)?;
+                    let node = node_of(c, &pod)?;
+                    let _ = c.kubectl(&["delete", "pod", &pod, "--wait=true"]);
+                    Ok(format!(
+                        "{pod} Ready on {node} {:.2}s after the command",
+                        t.fork_big
+                    ))
+                },
+            );
+        }
+        let _ = run
+            .node
+            .kubectl(&["delete", "pod", "big", "--ignore-not-found", "--wait=true"]);
+        let _ = run
+            .node
+            .kubectl(&["delete", "podsnapshot", "big-1", "--wait=true"]);
+    }
+    if let Some(secs) = run.timed_step(
+        "1 GB: a fresh pod of the same spec, to Ready (its 1 GB written)",
+        |c| fresh_start(c, "big-fresh", 1024),
+    ) {
+        t.fresh_big = secs;
+    }
+    run.timings = Some(t);
+}
