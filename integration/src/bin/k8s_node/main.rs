@@ -99,6 +99,7 @@ pub struct Step {
 #[derive(Default, Clone)]
 pub struct Timings {
     pub fork_small: f64,
+    pub fork_small_first: f64,
     pub fresh_small: f64,
     pub resume_small: f64,
     pub suspend_big: f64,

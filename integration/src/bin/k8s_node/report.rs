@@ -120,10 +120,11 @@ pub fn render(steps: &[Step], boot: f64, timings: Option<&Timings>) -> String {
         );
         for (what, got, fresh) in [
             (
-                "fork, small pod (3 pods, all Ready)",
-                x.fork_small,
+                "fork, small pod (the first of 3 Ready)",
+                x.fork_small_first,
                 x.fresh_small,
             ),
+            ("fork, small pod (all 3 Ready)", x.fork_small, x.fresh_small),
             (
                 "resume on the other node, small pod",
                 x.resume_small,
@@ -159,17 +160,13 @@ pub fn render(steps: &[Step], boot: f64, timings: Option<&Timings>) -> String {
 const NOTES: &str = r#"
 ## Notes
 
-- **Resource limits inside the sandbox.** The kubelet sizes the pod's cgroup (the containers'
-  limits plus the RuntimeClass overhead) and the sandbox is held to it on the host, but inside
-  gVisor `/proc/meminfo`, `nproc` and the cgroup files show the host's figures: runsc sizes a
-  sandbox from the cgroup it is started in, the pause container's, which the kubelet gives no
-  limits. gVisor's own shim names the pod's cgroup instead (the annotation
-  `dev.gvisor.spec.cgroup-parent`); chalk-shim does not, because the runsc tested here checks
-  that annotation across a checkpoint and refuses to restore a fork of the pod anywhere but in
-  the source pod's cgroup (tried: the fork failed with `"Annotations" does not match across
-  checkpoint restore`). A later gVisor accepts a new pod's cgroup at restore (its restore
-  validation tests a restore into a new pod); with such a runsc the shim
-  can name the pod's cgroup and this step can pass.
+- **Resource limits inside the sandbox.** runsc sizes a sandbox (`/proc/meminfo`, its CPUs)
+  from the cgroup it runs in. The shim runs a pod's sandbox in the pod's own cgroup, which the
+  kubelet sizes (the containers' limits plus the RuntimeClass overhead), rather than in the
+  pause container's, which has no limits. It does so by the sandbox's cgroup path, which runsc
+  does not compare across a restore, so a pod restored from a snapshot is sized by its own new
+  pod's cgroup (gVisor's own shim uses an annotation, which runsc does compare, and which
+  would refuse such a restore).
 - The kubelet runs with `failCgroupV1: false`: this machine boots with cgroup v1, which
   kubelets since 1.35 refuse unless told.
 - The kubelet's address is 10.88.78.1 on `lo` (a kubelet refuses a loopback node IP); the API

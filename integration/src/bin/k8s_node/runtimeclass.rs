@@ -132,15 +132,14 @@ pub fn steps(run: &mut Run) {
                 .concat(),
                 [read("cpu/", "cpu.cfs_quota_us"), read("", "cpu.max")].concat()
             );
-            let limit = (256u64 << 20).to_string();
-            let pod_limit = (320u64 << 20).to_string();
-            if out.stdout.contains(&limit) || out.stdout.contains(&pod_limit) {
+            // The pod's cgroup holds 256 MiB of limits plus the RuntimeClass's 64 MiB.
+            let pod_kb = format!("{} kB", 320u64 << 10);
+            if out.stdout.contains(&pod_kb) {
                 return Ok(format!("inside: {inside}; the pod's cgroup: {host}"));
             }
             Err(format!(
-                "inside the sandbox: {inside} (the host's memory and CPUs); the pod's cgroup on \
-                 the host: {host}: the limits are enforced there, but runsc sizes the sandbox \
-                 from the cgroup it is given, the pause container's, which has none"
+                "inside the sandbox: {inside}, not MemTotal {pod_kb}; the pod's cgroup on the \
+                 host: {host}"
             ))
         });
     }

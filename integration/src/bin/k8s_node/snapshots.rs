@@ -146,8 +146,11 @@ fn chalk(c: &Cluster, args: &[&str]) -> Result<Value, String> {
 }
 
 /// The counter pod: counts seconds into /tmp/n and its log, ready while it counts; spread
-/// across nodes with its forks (they carry its spec).
+/// across nodes with its forks (they carry its spec), cordoned nodes left out of the spread.
+/// Its memory limit is 256 MiB (1.5 GiB when it fills memory), so its pod cgroup's is that
+/// plus the RuntimeClass's 64 MiB: what the sandbox sees as MemTotal ([`pod_mib`]).
 fn counter_pod(name: &str, node: &str, fill_mb: u64) -> String {
+    let limit = pod_mib(fill_mb) - 64;
     let fill = if fill_mb > 0 {
         format!(
             "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={fill_mb} iflag=fullblock 2>/dev/null; "
@@ -171,16 +174,110 @@ spec:
     topologyKey: kubernetes.io/hostname
     whenUnsatisfiable: DoNotSchedule
     labelSelector: {{matchLabels: {{app: {name}}}}}
+    nodeTaintsPolicy: Honor
+  initContainers:
+  - name: setup
+    image: {IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo setup-ran"]
+    # Limits on every container, or the kubelet gives the pod's cgroup none.
+    resources:
+      limits: {{memory: "64Mi", cpu: "100m"}}
   containers:
   - name: main
     image: {IMAGE}
     imagePullPolicy: Never
     command: ["sh", "-c", "{fill}i=0; while :; do i=$((i+1)); echo $i > /tmp/n; echo tick $i; sleep 1; done"]
+    resources:
+      limits: {{memory: "{limit}Mi", cpu: "500m"}}
     readinessProbe:
       exec: {{command: ["cat", "/tmp/n"]}}
       periodSeconds: 1
 "#
     )
+}
+
+/// The pod cgroup's memory limit of a counter pod, in MiB: its container's limit and the
+/// RuntimeClass overhead (64 MiB).
+fn pod_mib(fill_mb: u64) -> u64 {
+    if fill_mb > 0 {
+        1536 + 64
+    } else {
+        256 + 64
+    }
+}
+
+/// What pod `pod` is inside its sandbox: its hostname, its IPv4 addresses (without
+/// loopback's), and the memory it sees (MemTotal, MiB), checked against the pod object (its
+/// name, its pod IP) and the limit of its pod cgroup (`mib`).
+fn inside(c: &Cluster, pod: &str, mib: u64) -> Result<String, String> {
+    let out = exec(
+        c,
+        pod,
+        None,
+        &[
+            "sh",
+            "-c",
+            "hostname; ip -4 -o addr; grep MemTotal /proc/meminfo",
+        ],
+    );
+    if out.code != 0 {
+        return Err(format!("exec in {pod}: {out:?}"));
+    }
+    let mut lines = out.stdout.lines();
+    let host = lines.next().unwrap_or_default().trim().to_string();
+    let text = out.stdout.clone();
+    let addrs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" inet "))
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter(|a| !a.starts_with("127."))
+        .collect();
+    let kb: u64 = text
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let ip = json(c, &["get", "pod", pod])?["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let seen = format!("hostname {host}, inet {addrs:?}, MemTotal {} MiB", kb >> 10);
+    if host != pod {
+        return Err(format!("{pod} calls itself {host:?} inside: {seen}"));
+    }
+    if !addrs
+        .iter()
+        .any(|a| a.split('/').next() == Some(ip.as_str()))
+    {
+        return Err(format!(
+            "{pod}'s pod IP is {ip}, not an address inside it: {seen}"
+        ));
+    }
+    if kb != mib << 10 {
+        return Err(format!(
+            "{pod} sees {kb} kB of memory, its pod cgroup allows {mib} MiB: {seen}"
+        ));
+    }
+    Ok(format!("{pod} (pod IP {ip}): {seen}"))
+}
+
+/// Pod `pod`, made from a snapshot of a pod whose init container `setup` had run, skipped it:
+/// the kubelet saw it complete (exit 0), and it printed nothing.
+fn skipped_init(c: &Cluster, pod: &str) -> Result<(), String> {
+    let p = json(c, &["get", "pod", pod])?;
+    let done = &p["status"]["initContainerStatuses"][0]["state"]["terminated"];
+    if done["exitCode"] != 0 || done["reason"] != "Completed" {
+        return Err(format!(
+            "{pod}'s init container: {}",
+            p["status"]["initContainerStatuses"]
+        ));
+    }
+    let logs = c.kubectl(&["logs", pod, "-c", "setup"]);
+    if logs.stdout.contains("setup-ran") {
+        return Err(format!("{pod} ran its init container again: {logs:?}"));
+    }
+    Ok(())
 }
 
 fn count(c: &Cluster, pod: &str) -> Result<u64, String> {
@@ -279,15 +376,28 @@ fn fresh_start(c: &Cluster, name: &str, fill_mb: u64) -> Result<f64, String> {
     Ok(secs)
 }
 
-/// A pod (no node named) that starts from `from`, in `namespace`; fails with an event that
-/// names `why`, and leaves no sandbox on any node.
-fn refused(
-    c: &Cluster,
-    name: &str,
-    namespace: &str,
-    from: &str,
-    why: &str,
-) -> Result<String, String> {
+/// A pod that must be refused: named `name`, in `namespace`, starting from `from` with its
+/// container on `image`; refused with a `reason` event whose message says `why`.
+struct Refusal<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    from: &'a str,
+    image: &'a str,
+    reason: &'a str,
+    why: &'a str,
+}
+
+/// A pod (no node named) that starts from a snapshot and is refused: an event names why, and
+/// nothing of it is left on any node once it is deleted.
+fn refused(c: &Cluster, r: Refusal) -> Result<String, String> {
+    let Refusal {
+        name,
+        namespace,
+        from,
+        image,
+        reason,
+        why,
+    } = r;
     let spec = format!(
         r#"apiVersion: v1
 kind: Pod
@@ -300,7 +410,7 @@ spec:
   automountServiceAccountToken: false
   containers:
   - name: main
-    image: {IMAGE}
+    image: {image}
     imagePullPolicy: Never
     command: ["sleep", "100000"]
 "#
@@ -309,7 +419,7 @@ spec:
     if out.code != 0 {
         return Err(out.stderr);
     }
-    let field = format!("involvedObject.name={name},reason=FailedCreatePodSandBox");
+    let field = format!("involvedObject.name={name},reason={reason}");
     let said = until(Duration::from_secs(60), || {
         let e = c.kubectl(&[
             "get",
@@ -323,7 +433,7 @@ spec:
         ]);
         (!e.stdout.trim().is_empty()).then(|| e.stdout.trim().to_string())
     })
-    .ok_or_else(|| format!("no FailedCreatePodSandBox event for {name}"))?;
+    .ok_or_else(|| format!("no {reason} event for {name}"))?;
     let deleted = c.kubectl(&["delete", "pod", name, "-n", namespace, "--wait=true"]);
     if !said.contains(why) {
         return Err(format!("the event does not say {why:?}: {said}"));
@@ -348,6 +458,75 @@ spec:
     // From the shim's own words on.
     let at = said.find(&format!("{namespace}/{name}")).unwrap_or(0);
     Ok(said[at..].to_string())
+}
+
+/// The forks `pods` of the counter (snapshotted at `at_snapshot`), made at `t`: all Running
+/// and Ready on both nodes, each counting on with its own hostname, IP and limits inside, its
+/// logs and exec working, and the Service listing them with the source.
+fn check_forks(
+    c: &Cluster,
+    pods: &[String],
+    t: Instant,
+    at_snapshot: u64,
+) -> Result<(f64, f64, String), String> {
+    if pods.len() != 3 {
+        return Err(format!("made {pods:?}"));
+    }
+    // The first on its own: a single fork's time, beside a fresh pod's.
+    let first = all_ready(c, &pods[..1], t)?;
+    let secs = all_ready(c, pods, t)?;
+    let mut nodes = BTreeSet::new();
+    let mut seen = Vec::new();
+    for p in pods {
+        let node = node_of(c, p)?;
+        let n = count(c, p)?;
+        if n + 1 < at_snapshot {
+            return Err(format!("{p} counts from {n}; the source had {at_snapshot}"));
+        }
+        let logs = c.kubectl(&["logs", p, "-c", "main"]);
+        if logs.code != 0 || !logs.stdout.contains("tick") {
+            return Err(format!("logs of {p}: {logs:?}"));
+        }
+        skipped_init(c, p)?;
+        seen.push(format!("on {node} at {n}: {}", inside(c, p, pod_mib(0))?));
+        nodes.insert(node);
+    }
+    if nodes.len() < 2 {
+        return Err(format!("all forks on one node: {seen:?}"));
+    }
+    let slices = json(
+        c,
+        &[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=counter",
+        ],
+    )?;
+    let ready_eps: usize = slices["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                .filter(|e| e["conditions"]["ready"] == true)
+                .count()
+        })
+        .unwrap_or(0);
+    if ready_eps != 4 {
+        return Err(format!(
+            "the Service has {ready_eps} ready endpoints, not 4: {seen:?}"
+        ));
+    }
+    Ok((
+        first,
+        secs,
+        format!(
+            "the first Ready {first:.2}s and all 3 {secs:.2}s after the command; {}; the \
+             Service's EndpointSlices list 4 ready endpoints",
+            seen.join("; ")
+        ),
+    ))
 }
 
 pub fn steps(run: &mut Run, registry: &Secured) {
@@ -385,7 +564,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
     }
     let (a, b) = (NODES[0].0, NODES[1].0);
     let reg = registry.addr.clone();
-    let source_up = run.step(&format!("a counter pod on node {a}, and a Service selecting it"), |c| {
+    let source_up = run.step(&format!("a counter pod (an init container, then a counter) on node {a}, and a Service selecting it"), |c| {
         let out = c.apply(&counter_pod("counter", a, 0));
         if out.code != 0 {
             return Err(out.stderr);
@@ -397,8 +576,12 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             return Err(svc.stderr);
         }
         ready(c, "counter", Duration::from_secs(120))?;
+        let init = c.kubectl(&["logs", "counter", "-c", "setup"]);
+        if !init.stdout.contains("setup-ran") {
+            return Err(format!("the init container did not run: {init:?}"));
+        }
         std::thread::sleep(Duration::from_secs(3));
-        Ok(format!("counting: {}", count(c, "counter")?))
+        Ok(format!("counting: {}; {}", count(c, "counter")?, inside(c, "counter", pod_mib(0))?))
     });
     if !source_up {
         return;
@@ -434,10 +617,10 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             ))
         },
     );
-    let mut fork_secs = 0.0;
+    let (mut fork_first, mut fork_secs) = (0.0, 0.0);
     if snapped {
         run.step(
-            "kubectl chalk fork counter-1 --count 3: the scheduler places them on both nodes; Running and Ready, counters carry on, logs, exec, the Service",
+            "kubectl chalk fork counter-1 --count 3: the scheduler places them on both nodes; init containers skipped; Running and Ready, counters carry on, each its own hostname, IP and limits inside, logs, exec, the Service",
             |c| {
                 let t = Instant::now();
                 let got = chalk(c, &["fork", "counter-1", "--count", "3"])?;
@@ -445,49 +628,14 @@ pub fn steps(run: &mut Run, registry: &Secured) {
                     .as_array()
                     .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
                     .unwrap_or_default();
-                if pods.len() != 3 {
-                    return Err(format!("made {got}"));
-                }
-                fork_secs = all_ready(c, &pods, t)?;
-                let mut nodes = BTreeSet::new();
-                let mut seen = Vec::new();
-                for p in &pods {
-                    let node = node_of(c, p)?;
-                    let n = count(c, p)?;
-                    if n + 1 < at_snapshot {
-                        return Err(format!("{p} counts from {n}; the source had {at_snapshot}"));
-                    }
-                    let logs = c.kubectl(&["logs", p]);
-                    if logs.code != 0 || !logs.stdout.contains("tick") {
-                        return Err(format!("logs of {p}: {logs:?}"));
-                    }
-                    let host = exec(c, p, None, &["hostname"]);
-                    let ip = json(c, &["get", "pod", p])?["status"]["podIP"].clone();
-                    seen.push(format!("{p} on {node} at {n} (hostname {}, pod IP {ip})", host.stdout.trim()));
-                    nodes.insert(node);
-                }
-                if nodes.len() < 2 {
-                    return Err(format!("all forks on one node: {seen:?}"));
-                }
-                let slices = json(c, &["get", "endpointslices", "-l", "kubernetes.io/service-name=counter"])?;
-                let ready_eps: usize = slices["items"]
-                    .as_array()
-                    .map(|items| {
-                        items
-                            .iter()
-                            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-                            .filter(|e| e["conditions"]["ready"] == true)
-                            .count()
-                    })
-                    .unwrap_or(0);
-                if ready_eps != 4 {
-                    return Err(format!("the Service has {ready_eps} ready endpoints, not 4: {seen:?}"));
-                }
-                let _ = c.kubectl(&["delete", "pod", "--wait=true", &pods[0], &pods[1], &pods[2]]);
-                Ok(format!(
-                    "all 3 Ready {fork_secs:.2}s after the command; {}; the Service's EndpointSlices list 4 ready endpoints",
-                    seen.join("; ")
-                ))
+                // The forks go whatever happens: they would skew the next steps' placement.
+                let checked = check_forks(c, &pods, t, at_snapshot);
+                let mut del = vec!["delete", "pod", "--wait=true", "--ignore-not-found"];
+                del.extend(pods.iter().map(String::as_str));
+                let _ = c.kubectl(&del);
+                let (first, secs, said) = checked?;
+                (fork_first, fork_secs) = (first, secs);
+                Ok(said)
             },
         );
     }
@@ -517,8 +665,21 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             if snapshots_on(c, 0).contains(&id) {
                 return Err(format!("{id} is still on {a}"));
             }
+            // Its memory (its largest layer, as pushed) is not in the node's store either.
+            let memory = registry
+                .largest_layer(&id)
+                .and_then(|f| Some(f.parent()?.file_name()?.to_string_lossy().to_string()))
+                .ok_or("the registry holds no memory of the snapshot")?;
+            let left = c.nodes[0]
+                .containerd
+                .snapshot_store()
+                .join("blobs/sha256")
+                .join(&memory);
+            if left.exists() {
+                return Err(format!("its memory (sha256:{memory}) is still in {a}'s store"));
+            }
             Ok(format!(
-                "suspended in {secs:.2}s (snapshot {} ms, push {} ms); no process of its sandbox, no record of {} on {a}; {a}'s store holds {} bytes",
+                "suspended in {secs:.2}s (snapshot {} ms, push {} ms); no process of its sandbox, no record of {} and none of its memory on {a}; {a}'s store holds {} bytes (the snapshot kept there earlier)",
                 got["status"]["timings"]["snapshotMs"],
                 got["status"]["timings"]["pushMs"],
                 &id[..19.min(id.len())],
@@ -537,15 +698,19 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             chalk(c, &["resume", "counter-2"])?;
             resume_secs = all_ready(c, &["counter".to_string()], t)?;
             let node = node_of(c, "counter")?;
+            skipped_init(c, "counter")?;
             let n = count(c, "counter")?;
             if node != b || n + 1 < at_suspend {
                 return Err(format!("resumed on {node} counting from {n} (suspended at {at_suspend})"));
             }
-            Ok(format!("Ready on {node} {resume_secs:.2}s after the command, counting on from {n} (suspended at {at_suspend})"))
+            Ok(format!(
+                "Ready on {node} {resume_secs:.2}s after the command, counting on from {n} (suspended at {at_suspend}); {}",
+                inside(c, "counter", pod_mib(0))?
+            ))
         });
     }
     run.step(
-        "pods naming a tampered, missing or disallowed snapshot fail with an event naming why, and leave nothing",
+        "pods naming a tampered or missing snapshot, one on another image, or in a namespace not allowed, fail with an event naming why, and leave nothing",
         |c| {
             // Another snapshot, its memory altered in the registry.
             let pushed = chalk(c, &["snapshot", "counter", "--name", "counter-3", "--push-to", &format!("{reg}/pods/counter:v3")])?;
@@ -560,14 +725,42 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             let _ = c.kubectl(&["uncordon", a]);
             let _ = c.kubectl(&["cordon", b]);
             let mut said = Vec::new();
-            said.push(refused(c, "from-tampered", "default", &from, "could not be pulled")?);
+            let pulled = |name, from| Refusal {
+                name,
+                namespace: "default",
+                from,
+                image: IMAGE,
+                reason: "FailedCreatePodSandBox",
+                why: "could not be pulled",
+            };
+            said.push(refused(c, pulled("from-tampered", &from))?);
             let missing = format!("{reg}/pods/counter@sha256:{}", "0".repeat(64));
-            said.push(refused(c, "from-missing", "default", &missing, "could not be pulled")?);
+            said.push(refused(c, pulled("from-missing", &missing))?);
+            // The snapshot's container on another image (not the snapshot's by digest).
+            let good = json(c, &["get", "podsnapshot", "counter-1"])?["status"]["restoreFrom"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            said.push(refused(c, Refusal {
+                name: "other-image",
+                namespace: "default",
+                from: &good,
+                image: chalk_integration::containerd::PAUSE_IMAGE,
+                reason: "Failed",
+                why: "by digest",
+            })?);
             let _ = c.kubectl(&["create", "namespace", "other"]);
             until(Duration::from_secs(30), || {
                 (c.kubectl(&["get", "serviceaccount", "default", "-n", "other"]).code == 0).then_some(())
             });
-            said.push(refused(c, "from-elsewhere", "other", &from, "may not start pods")?);
+            said.push(refused(c, Refusal {
+                name: "from-elsewhere",
+                namespace: "other",
+                from: &from,
+                image: IMAGE,
+                reason: "FailedCreatePodSandBox",
+                why: "may not start pods",
+            })?);
             let _ = c.kubectl(&["uncordon", b]);
             let _ = c.kubectl(&["delete", "podsnapshot", "counter-3", "--wait=true"]);
             Ok(said.join(" / "))
@@ -609,6 +802,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
     );
     run.timings = Some(crate::Timings {
         fork_small: fork_secs,
+        fork_small_first: fork_first,
         fresh_small: fresh_secs.unwrap_or(0.0),
         resume_small: resume_secs,
         ..run.timings.take().unwrap_or_default()
@@ -655,8 +849,9 @@ fn big_pod(run: &mut Run, reg: &str) {
             if node != a {
                 return Err(format!("resumed on {node}"));
             }
+            let seen = inside(c, "big", pod_mib(1024))?;
             Ok(format!(
-                "suspend {:.2}s ({} bytes; snapshot {} ms, push {} ms); Ready on {a} {:.2}s after `resume` (pull included)",
+                "suspend {:.2}s ({} bytes; snapshot {} ms, push {} ms); Ready on {a} {:.2}s after `resume` (pull included); {seen}",
                 t.suspend_big, got["status"]["sizeBytes"], got["status"]["timings"]["snapshotMs"],
                 got["status"]["timings"]["pushMs"], t.resume_big
             ))
