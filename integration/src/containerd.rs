@@ -79,6 +79,17 @@ pub struct CtrOutput {
     pub stderr: String,
 }
 
+/// Once the program is stopping on a signal (`crate::stop`), no more ctr or chalkctl is
+/// started: its containerd is going or gone, and a command started now would outlive the
+/// program. What a caller gets instead.
+fn stopping() -> Option<CtrOutput> {
+    crate::stop::requested().map(|sig| CtrOutput {
+        code: -1,
+        stdout: String::new(),
+        stderr: format!("not run: the program is stopping on signal {sig}"),
+    })
+}
+
 impl From<Output> for CtrOutput {
     fn from(o: Output) -> Self {
         use std::os::unix::process::ExitStatusExt;
@@ -484,6 +495,9 @@ impl Containerd {
     /// Runs ctr with no stdin and collects its output.
     /// `chalkctl args` on this containerd (its namespace and options).
     pub fn chalkctl(&self, args: &[&str]) -> CtrOutput {
+        if let Some(stopping) = stopping() {
+            return stopping;
+        }
         self.chalkctl_command()
             .expect("chalkctl is built")
             .args(args)
@@ -497,6 +511,9 @@ impl Containerd {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        if let Some(stopping) = stopping() {
+            return stopping;
+        }
         let out = self
             .ctr_command()
             .args(args)
@@ -506,12 +523,15 @@ impl Containerd {
         out.into()
     }
 
-    /// Runs ctr feeding `input` on its stdin.
+    /// Runs ctr feeding `input` on its stdin (nothing once the program is stopping).
     pub fn ctr_with_input<I, S>(&self, args: I, input: &[u8]) -> CtrOutput
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        if let Some(stopping) = stopping() {
+            return stopping;
+        }
         let mut child = self
             .ctr_command()
             .args(args)

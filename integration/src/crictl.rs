@@ -178,7 +178,7 @@ impl PodCgroup {
             write(&d.join("cpu.max"), &format!("{cpu_quota_us} 100000"))?;
             return Ok(made);
         }
-        for h in hierarchies(base) {
+        for h in cgroup_hierarchies() {
             let mut d = h.clone();
             // Each level made in turn: a v1 cpuset takes no child until it has CPUs and
             // memory nodes.
@@ -208,7 +208,12 @@ fn write(path: &Path, value: &str) -> Result<(), String> {
     std::fs::write(path, value).map_err(|e| format!("write {value} to {}: {e}", path.display()))
 }
 
-fn hierarchies(base: &Path) -> Vec<PathBuf> {
+/// The roots of this host's cgroup hierarchies: v2's one tree, or each v1 controller's.
+pub fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.controllers").exists() {
+        return vec![base.to_path_buf()];
+    }
     std::fs::read_dir(base)
         .into_iter()
         .flatten()
@@ -220,14 +225,8 @@ fn hierarchies(base: &Path) -> Vec<PathBuf> {
 
 impl Drop for PodCgroup {
     fn drop(&mut self) {
-        let base = Path::new("/sys/fs/cgroup");
-        let roots = if base.join("cgroup.controllers").exists() {
-            vec![base.to_path_buf()]
-        } else {
-            hierarchies(base)
-        };
         let rel = self.path.trim_start_matches('/');
-        for root in roots {
+        for root in cgroup_hierarchies() {
             // Deepest first; rmdir(2) refuses one that is still in use.
             let mut d = root.join(rel);
             while d != root {

@@ -413,38 +413,33 @@ impl Cluster {
             c.kubectl(&["get", "--raw", "/readyz"]).code == 0
         })?;
         let admin = dir.join("admin.kubeconfig").display().to_string();
-        // Neither serves: nothing here reads their metrics or health.
-        let scheduler = spawn(
-            &dir,
-            "kube-scheduler",
-            &self.bins.scheduler,
-            &[
-                format!("--kubeconfig={admin}"),
-                format!("--authentication-kubeconfig={admin}"),
-                format!("--authorization-kubeconfig={admin}"),
-                s("--leader-elect=false"),
-                s("--bind-address=127.0.0.1"),
-                s("--secure-port=0"),
-            ],
-        )?;
+        // As the admin; neither serves: nothing here reads their metrics or health.
+        let common = [
+            format!("--kubeconfig={admin}"),
+            format!("--authentication-kubeconfig={admin}"),
+            format!("--authorization-kubeconfig={admin}"),
+            s("--leader-elect=false"),
+            s("--bind-address=127.0.0.1"),
+            s("--secure-port=0"),
+        ];
+        let scheduler = spawn(&dir, "kube-scheduler", &self.bins.scheduler, &common)?;
         self.children.push(("kube-scheduler".into(), scheduler));
-        let manager = spawn(
-            &dir,
-            "kube-controller-manager",
-            &self.bins.controller_manager,
-            &[
-                format!("--kubeconfig={admin}"),
-                format!("--authentication-kubeconfig={admin}"),
-                format!("--authorization-kubeconfig={admin}"),
-                s("--leader-elect=false"),
-                s("--bind-address=127.0.0.1"),
-                s("--secure-port=0"),
+        let manager_args: Vec<String> = common
+            .iter()
+            .cloned()
+            .chain([
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),
                 format!("--cluster-signing-cert-file={}", p("ca.crt")),
                 format!("--cluster-signing-key-file={}", p("ca.key")),
                 s("--service-cluster-ip-range=10.0.0.0/24"),
-            ],
+            ])
+            .collect();
+        let manager = spawn(
+            &dir,
+            "kube-controller-manager",
+            &self.bins.controller_manager,
+            &manager_args,
         )?;
         self.children
             .push(("kube-controller-manager".into(), manager));
@@ -656,18 +651,7 @@ fn node_link(addr: &str, make: bool) -> Result<(), String> {
 /// The cgroup a node's kubelet puts its pods under (`cgroupRoot`), made in every hierarchy:
 /// the kubelet refuses one that is missing anywhere.
 fn make_cgroup_root(node: &str) -> Result<(), String> {
-    let base = Path::new("/sys/fs/cgroup");
-    let hierarchies: Vec<PathBuf> = if base.join("cgroup.controllers").exists() {
-        vec![base.to_path_buf()]
-    } else {
-        fs::read_dir(base)
-            .map_err(|e| e.to_string())?
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect()
-    };
-    for h in hierarchies {
+    for h in crate::crictl::cgroup_hierarchies() {
         let d = h.join(node);
         fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
         // A v1 cpuset takes no task until it has CPUs and memory nodes.

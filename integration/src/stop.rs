@@ -134,10 +134,19 @@ fn watch(read_end: i32) {
         cleanup();
     }
     // What the program's other threads started meanwhile (a ctr against the containerd
-    // that has just gone).
-    for pid in own_children() {
-        // SAFETY: kill(2) on a child of this process.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+    // that has just gone; the harness starts none once a stop is requested, but one may have
+    // been on its way): swept until a sweep finds none, and gone before this process is.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = own_children();
+        if left.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        for pid in left {
+            // SAFETY: kill(2) on a child of this process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: restoring the default action and raising the signal ends this process as the
     // signal would have; exit is the fallback.
