@@ -169,6 +169,9 @@ const NOTES: &str = r#"
   would refuse such a restore).
 - **Release builds.** The run uses release builds of the shim, chalkctl and the agent: a debug
   build hashes a 1 GB snapshot in about 18 s instead of about 1 s.
+- **The 1 GB fork** starts 15 s after the 1 GB resume: the resumed pod's memory loads in the
+  background for a few seconds after it runs, and on this machine's two cores that load, timed
+  as the fork's, made forks started back to back take 9.5 to 10.6 s.
 - **Init containers.** The counter pod has one (`setup`, which prints `setup-ran`): the source
   runs it; every pod made from its snapshot skips it (reported Completed, exit 0, no output).
 - The kubelet runs with `failCgroupV1: false`: this machine boots with cgroup v1, which
