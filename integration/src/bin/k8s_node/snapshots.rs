@@ -905,8 +905,7 @@ fn big_pod(run: &mut Run, reg: &str) {
                 "1 GB: kubectl chalk fork big-1 through the scheduler",
                 |c| {
                     // The resumed pod's memory loads in the background for a few seconds
-                    // after it runs: on these two cores that load would be timed as the
-                    // fork's (back to back, forks took 9.5 to 10.6 s here).
+                    // after it runs: not to be timed as the fork's.
                     std::thread::sleep(Duration::from_secs(15));
                     let ft = Instant::now();
                     let got = chalk(c, &["fork", "big-1", "--count", "1"])?;
