@@ -210,17 +210,7 @@ fn write(path: &Path, value: &str) -> Result<(), String> {
 
 /// The roots of this host's cgroup hierarchies: v2's one tree, or each v1 controller's.
 pub fn cgroup_hierarchies() -> Vec<PathBuf> {
-    let base = Path::new("/sys/fs/cgroup");
-    if base.join("cgroup.controllers").exists() {
-        return vec![base.to_path_buf()];
-    }
-    std::fs::read_dir(base)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect()
+    chalk_runtime::bundle::cgroup_hierarchies(Path::new("/sys/fs/cgroup"))
 }
 
 impl Drop for PodCgroup {

@@ -675,14 +675,7 @@ fn remove_kubelet_cgroups() {
         }
         let _ = fs::remove_dir(dir);
     }
-    let base = Path::new("/sys/fs/cgroup");
-    let roots = fs::read_dir(base)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .chain(std::iter::once(base.to_path_buf()));
-    for root in roots {
+    for root in crate::crictl::cgroup_hierarchies() {
         for (node, _) in NODES {
             let d = root.join(node);
             if d.is_dir() {

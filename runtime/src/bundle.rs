@@ -189,11 +189,7 @@ pub fn remove_made(bundle: &Path, netns: Option<&Path>) {
 fn cgroups_path(spec: &Value) -> Option<String> {
     let path = spec.pointer("/linux/cgroupsPath")?.as_str()?;
     if crate::spec::annotation(spec, crate::spec::CRI_CONTAINER_TYPE) == Some("sandbox")
-        && path
-            .trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .is_some_and(|last| last.starts_with("pod"))
+        && crate::spec::is_pod_cgroup_path(path)
     {
         return None;
     }
@@ -204,23 +200,27 @@ fn cgroups_path(spec: &Value) -> Option<String> {
     plain.then(|| path.trim_start_matches('/').to_string())
 }
 
+/// The roots of the cgroup hierarchies mounted at `mount`: v2's one tree, or each v1
+/// controller's directory.
+pub fn cgroup_hierarchies(mount: &Path) -> Vec<PathBuf> {
+    if mount.join("cgroup.controllers").exists() {
+        return vec![mount.to_path_buf()];
+    }
+    std::fs::read_dir(mount)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Removes the container's cgroup `path` below `mount` (in every v1 controller, or in v2's
 /// one tree) if it is there and empty: runsc removes it when it destroys a sandbox, but not
 /// one whose sandbox died during a restore. rmdir(2) refuses a cgroup with processes or
 /// children, so nothing in use goes.
 pub fn remove_empty_cgroup(mount: &Path, path: &str) {
-    let hierarchies: Vec<PathBuf> = if mount.join("cgroup.controllers").exists() {
-        vec![mount.to_path_buf()]
-    } else {
-        std::fs::read_dir(mount)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect()
-    };
-    for h in hierarchies {
+    for h in cgroup_hierarchies(mount) {
         let dir = h.join(path);
         if dir.is_dir() {
             match std::fs::remove_dir(&dir) {

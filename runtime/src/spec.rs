@@ -179,13 +179,18 @@ pub fn pod_cgroup(spec: &Value) -> Option<String> {
         return None;
     }
     let (parent, _container) = path.trim_end_matches('/').rsplit_once('/')?;
-    let last = parent.rsplit('/').next()?;
-    let is_pod = last.len() > 3
+    let is_pod = is_pod_cgroup_path(parent);
+    (is_pod && !parent.split('/').any(|c| c == "..")).then(|| parent.to_string())
+}
+
+/// Whether cgroup path `path` ends in a kubelet's pod directory (`pod<uid>`).
+pub fn is_pod_cgroup_path(path: &str) -> bool {
+    let last = path.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    last.len() > 3
         && last.starts_with("pod")
         && last[3..]
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    (is_pod && !parent.split('/').any(|c| c == "..")).then(|| parent.to_string())
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The id of the sandbox `id` runs in: its pod's, or its own. Containers of one pod share one

@@ -170,10 +170,8 @@ pub struct RestoreFrom {
     pub dir: PathBuf,
     /// The CUDA processes moved off the GPU before it was taken.
     pub cuda_pids: Vec<u32>,
-    /// How many pod containers the sandbox held besides its own (each is restored into it
-    /// when it starts).
-    pub pod_members: usize,
-    /// Those containers (CRI name, image and its digest), and the ones that had completed (init
+    /// The pod containers the sandbox held besides its own (CRI name, image and its digest;
+    /// each is restored into it when it starts), and the ones that had completed (init
     /// containers): a container joining the restored pod must be one of the first, on the
     /// same image, or is one of the second and is skipped.
     pub pod: chalk_runtime::snapshot::extra::PodFacts,

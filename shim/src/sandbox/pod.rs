@@ -9,6 +9,10 @@ use chalk_runtime::{runsc::ProcessStdio, state::Status};
 
 use super::Sandboxes;
 use crate::container::{Container, Process, KILLED};
+use crate::{
+    errors::{Result, ShimError},
+    io,
+};
 
 /// Pod container `c`'s name in its pod (CRI's annotation; its id where there is none).
 pub(super) fn cri_name(c: &Container) -> String {
@@ -17,10 +21,6 @@ pub(super) fn cri_name(c: &Container) -> String {
         .unwrap_or(&c.id)
         .to_string()
 }
-use crate::{
-    errors::{Result, ShimError},
-    io,
-};
 
 impl Sandboxes {
     /// Whether the sandbox pod container `c` lives in still runs.

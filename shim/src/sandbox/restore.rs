@@ -118,7 +118,6 @@ impl Sandboxes {
         Ok(RestoreFrom {
             dir: from.to_path_buf(),
             cuda_pids: m.extra.moved_pids(),
-            pod_members: m.extra.pod_members(),
             pod: m.extra.pod.clone().unwrap_or_default(),
             joined: Default::default(),
             members_wait: None,

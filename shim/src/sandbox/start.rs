@@ -147,11 +147,11 @@ impl Sandboxes {
         self.watch_init(c, pid, started_at);
         log::info!("container {}: restored from {}", c.id, from.dir.display());
         chalk_runtime::fault::point("restored", &c.id);
-        if from.pod_members > 0 {
+        let members = from.pod.containers.len();
+        if members > 0 {
             // The sandbox waits for its pod's containers (their starts restore them); the
             // last one's completes the restore, and settles it.
-            c.pending_pod_members
-                .store(from.pod_members, Ordering::SeqCst);
+            c.pending_pod_members.store(members, Ordering::SeqCst);
             if let Some(wait) = from.members_wait {
                 self.end_unless_joined(c, pid, wait);
             }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chalk_integration::{
     k8s::{until, Cluster, NODES},
-    procs,
+    procs, Containerd,
 };
 use serde_json::Value;
 
@@ -93,14 +93,17 @@ pub fn exec(
     node.kubectl(&args)
 }
 
-/// The id of pod `name`'s sandbox container in containerd (CRI labels it).
+/// The id of pod `name`'s sandbox container on the first node.
 pub fn sandbox_of(node: &Cluster, name: &str) -> Result<String, String> {
+    sandbox_on(&node.nodes[0].containerd, name)
+}
+
+/// The id of pod `name`'s sandbox container in `containerd` (CRI labels it).
+pub fn sandbox_on(containerd: &Containerd, name: &str) -> Result<String, String> {
     let filter = format!(
         "labels.\"io.kubernetes.pod.name\"=={name},labels.\"io.cri-containerd.kind\"==sandbox"
     );
-    let out = node.nodes[0]
-        .containerd
-        .ctr(["containers", "list", "-q", filter.as_str()]);
+    let out = containerd.ctr(["containers", "list", "-q", filter.as_str()]);
     out.stdout
         .lines()
         .next()

@@ -289,13 +289,7 @@ fn shim_breakdown(c: &Cluster, pod: &str) -> String {
     let Some(n) = c.node(&node) else {
         return String::new();
     };
-    let filter = format!(
-        "labels.\"io.kubernetes.pod.name\"=={pod},labels.\"io.cri-containerd.kind\"==sandbox"
-    );
-    let ids = n
-        .containerd
-        .ctr(["containers", "list", "-q", filter.as_str()]);
-    let Some(id) = ids.stdout.lines().next().map(str::to_string) else {
+    let Ok(id) = sandbox_on(&n.containerd, pod) else {
         return String::new();
     };
     let log = n.containerd.log();
@@ -383,17 +377,8 @@ fn snapshots_on(c: &Cluster, node: usize) -> String {
 
 /// Bytes of the snapshot store of `node`.
 fn store_bytes(c: &Cluster, node: usize) -> u64 {
-    let blobs = c.nodes[node]
-        .containerd
-        .snapshot_store()
-        .join("blobs/sha256");
-    std::fs::read_dir(blobs)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
+    let store = c.nodes[node].containerd.snapshot_store();
+    chalk_runtime::snapshot::store::Store::open(&store).map_or(0, |s| s.usage())
 }
 
 /// Waits for `pods` to be Running and ready; the time it took from `since`.
