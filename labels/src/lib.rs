@@ -41,8 +41,10 @@ pub const EXPIRES_AT_LABEL: &str = "chalk.io/expires-at";
 /// A sandbox's name, unique in its namespace. Written by chalkctl (`run --name`, `fork
 /// --name`); read by chalkctl to resolve names and by chalk-web.
 pub const NAME_LABEL: &str = "chalk.io/name";
-/// On a fork: the snapshot it came from (its parent snapshot). Written by chalkctl's fork;
-/// read by chalkctl's tree and listings and by chalk-web.
+/// On a fork: the snapshot it came from (its parent snapshot); absent on a fork of a running
+/// sandbox made from a checkpoint never kept (`chalkctl fork --id`), whose lineage is its
+/// parent sandbox alone. Written by chalkctl's fork; read by chalkctl's tree and listings and
+/// by chalk-web.
 pub const FORKED_FROM: &str = "chalk.io/forked-from";
 /// On a fork: the sandbox its snapshot was taken of. Written by chalkctl's fork; read by
 /// chalkctl's tree.

@@ -29,6 +29,8 @@ pub struct Service {
     id: String,
     bundle: String,
     exit: Arc<ExitSignal>,
+    /// Snapshots still being sealed: the process waits for them before it exits.
+    seals: Arc<crate::sandbox::Seals>,
 }
 
 /// The shim grouping key for a bundle: the pod's sandbox id if it has one, else the id.
@@ -74,6 +76,7 @@ impl Shim for Service {
             id: args.id.clone(),
             bundle: args.bundle.clone(),
             exit: Arc::new(ExitSignal::default()),
+            seals: Default::default(),
         }
     }
 
@@ -141,6 +144,7 @@ impl Shim for Service {
 
     fn wait(&mut self) {
         self.exit.wait();
+        self.seals.wait();
     }
 
     fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
@@ -157,6 +161,7 @@ impl Shim for Service {
             Arc::new(records),
             Arc::new(events),
             self.exit.clone(),
+            self.seals.clone(),
         ))
     }
 }

@@ -59,6 +59,18 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                     )?;
                     (forks, None)
                 }
+                (None, Some(source)) if !keep_snapshot => {
+                    // Forked from runsc's files as soon as they are written, never sealed.
+                    let forks = fork_running::fork_running(
+                        &mut client,
+                        source,
+                        fork_id.as_deref(),
+                        *count,
+                        &opts,
+                        &progress,
+                    )?;
+                    (forks, Some((None, false)))
+                }
                 (None, Some(source)) => {
                     // What would refuse the forks is found before the snapshot is taken.
                     fork::check_ids(fork_id.as_deref(), source, *count)?;
@@ -85,7 +97,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                             ),
                         }
                     }
-                    (forks?, Some((snap.digest, *keep_snapshot)))
+                    (forks?, Some((Some(snap.digest), *keep_snapshot)))
                 }
                 (None, None) => return Err("give --snapshot-id, --snapshot REF or --id".into()),
             };

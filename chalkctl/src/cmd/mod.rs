@@ -18,7 +18,7 @@ pub mod prelude {
         ops::{
             attach::{self, Ended},
             exec::{self, ExecOptions},
-            expire, fork, logs, remove,
+            expire, fork, fork_running, logs, remove,
             run::{self, RunOptions},
             snapshot, tree,
             wait::{self, Until},

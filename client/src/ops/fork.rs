@@ -274,23 +274,34 @@ pub fn fork(
     ));
     // Two chalkctl processes may fork in the same millisecond: the pid keeps leases apart.
     client.lease(&format!("chalkctl-fork-{stamp}-{}", std::process::id()))?;
-    let client = &*client;
-    let p = &p;
-    let digest = snap.digest.as_str();
+    Ok(fork_pool(client, &p, &ids, &names, &snap.digest, progress))
+}
+
+/// Makes forks `ids` (named `names`) of `p`, [`pool_size`] at a time; `snapshot` is what
+/// their lineage names.
+pub(crate) fn fork_pool(
+    client: &Client,
+    p: &Parts,
+    ids: &[String],
+    names: &[Option<String>],
+    snapshot: &str,
+    progress: &Progress,
+) -> Vec<Forked> {
+    let workers = pool_size(ids.len());
     let next = std::sync::atomic::AtomicUsize::new(0);
     let done: std::sync::Mutex<Vec<Option<Forked>>> =
-        std::sync::Mutex::new((0..count).map(|_| None).collect());
+        std::sync::Mutex::new((0..ids.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let Some(new) = ids.get(i) else { break };
-                let forked = fork_one(client, p, new, names[i].as_deref(), digest, progress);
+                let forked = fork_one(client, p, new, names[i].as_deref(), snapshot, progress);
                 done.lock().unwrap()[i] = Some(forked);
             });
         }
     });
-    Ok(done.into_inner().unwrap().into_iter().flatten().collect())
+    done.into_inner().unwrap().into_iter().flatten().collect()
 }
 
 /// Snapshot `query` and what its restore needs, checked for `count` forks with `opts`.
@@ -400,7 +411,7 @@ pub fn pool_size(count: usize) -> usize {
 }
 
 /// The host's available memory (MemAvailable), None when /proc/meminfo does not say.
-fn host_available_memory() -> Option<u64> {
+pub(crate) fn host_available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_mem_available(&text)
 }
@@ -569,7 +580,11 @@ pub(crate) fn fork_container(
             (chalk_labels::FORKED_FROM.to_string(), snapshot.to_string()),
             (chalk_labels::PARENT_SANDBOX.to_string(), p.source.clone()),
             (BASE_IMAGE_REF.to_string(), base.to_string()),
-        ]),
+        ])
+        .into_iter()
+        // A fork of a checkpoint never kept as a snapshot names only its parent sandbox.
+        .filter(|(_, v)| !v.is_empty())
+        .collect(),
         image,
         runtime: Some(Runtime {
             name: RUNTIME.into(),

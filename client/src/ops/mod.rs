@@ -5,6 +5,7 @@ pub mod attach;
 pub mod exec;
 pub mod expire;
 pub mod fork;
+pub mod fork_running;
 pub mod logs;
 pub mod remove;
 pub mod resume;

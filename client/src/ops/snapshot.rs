@@ -6,7 +6,11 @@ use crate::records::snapshots::{
     all, base_image, create_record, find, lease_of, record, record_index,
 };
 
-use chalk_runtime::snapshot::store::Store;
+use chalk_runtime::snapshot::store::{Seal, Store};
+
+/// How long a snapshot may take to be sealed once runsc has written it (hashing runs at
+/// about 1.4 GB/s a core, most of it while runsc writes).
+const SEAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
 
 use crate::records::registry::{self, Snapshot, Status};
 use containerd_client::types::Descriptor;
@@ -269,22 +273,29 @@ fn checkpoint_into_store(
     // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
     client.mark_spec(&container, chalk_labels::CHECKPOINTED_AT, created)?;
     let checkpointed = client.checkpoint(id, exit, Some(&store.ingest_path(&token)));
-    // The ref is written last, once every blob is in: with it, the snapshot is whole, even if
-    // containerd failed at what it did after the shim (a suspended sandbox is then not lost).
-    let found = store.find_ref(&token);
-    match (checkpointed, &found) {
-        (Err(e), None) => return Err(e),
-        (Err(e), Some(_)) => eprintln!("chalkctl: {e} (after the snapshot was stored: kept)"),
-        (Ok(_), _) => {}
-    }
-    let Some(r) = found else {
-        return Err(format!(
+    // The shim answers once runsc's files are written and seals them after: the snapshot's
+    // id is known once it is sealed (its ref, written last, once every blob is in). With the
+    // ref the snapshot is whole, even if containerd failed at what it did after the shim (a
+    // suspended sandbox is then not lost).
+    let sealed = match store.seal_state(&token) {
+        // Not in this store at all: the shim writes to another.
+        Seal::Lost if !store.fresh_path(&token).exists() => Err(Error::from(format!(
             "the shim of {id} did not store the snapshot in {}: give chalkctl the runtime \
              options the shim uses (--config, or CHALK_SHIM_CONFIG), whose [snapshot] store \
              names the store",
             store.root().display()
-        )
-        .into());
+        ))),
+        _ => store
+            .wait_sealed(&token, SEAL_TIMEOUT)
+            .map_err(|e| Error::from(e.to_string())),
+    };
+    let r = match (checkpointed, sealed) {
+        (Err(e), Err(_)) => return Err(e),
+        (Err(e), Ok(r)) => {
+            eprintln!("chalkctl: {e} (after the snapshot was stored: kept)");
+            r
+        }
+        (Ok(_), sealed) => sealed?,
     };
     let stored = store
         .open_snapshot(&r.manifest)

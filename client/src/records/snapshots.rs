@@ -152,10 +152,12 @@ pub fn record_index(client: &Client, stored: &Stored, snapshotter: &str) -> Resu
 /// The one-file checkpoint tar that names stored snapshot `digest` (the same bytes for the
 /// same snapshot): what containerd unpacks for the shim, which then restores from the store.
 pub fn pointer_tar(digest: &str) -> Result<Vec<u8>> {
-    let body = Pointer {
-        snapshot: digest.to_string(),
-    }
-    .to_bytes();
+    tar_of_pointer(&Pointer::to_snapshot(digest))
+}
+
+/// A checkpoint in containerd's form holding `pointer` alone.
+pub fn tar_of_pointer(pointer: &Pointer) -> Result<Vec<u8>> {
+    let body = pointer.to_bytes();
     let mut header = tar::Header::new_gnu();
     header
         .set_path(POINTER)

@@ -306,3 +306,26 @@ pub fn size_of(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// How long openssl takes to sha256 every file of `dir`, one after another on one core: what
+/// hashing a checkpoint costs at best.
+pub fn openssl_sha256(dir: &Path) -> Result<Duration, String> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new("openssl")
+        .args(["dgst", "-sha256", "-r"])
+        .args(&files)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("openssl: {e}"))?;
+    if !out.success() {
+        return Err(format!("openssl dgst -sha256 of {}: {out}", dir.display()));
+    }
+    Ok(started.elapsed())
+}

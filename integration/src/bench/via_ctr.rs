@@ -181,6 +181,12 @@ impl<'a> ViaCtr<'a> {
         .0)
     }
 
+    /// `chalkctl fork --id`: a fork of running sandbox `src` (its checkpoint, the fork, the
+    /// checkpoint removed), as `id`.
+    pub fn fork_running(&self, src: &str, id: &str) -> Result<Duration, String> {
+        Ok(timed(|| self.chalkctl(&["fork", "--id", src, "--fork-id", id]))?.0)
+    }
+
     /// Suspend: how long, and the snapshot it made.
     pub fn suspend(&self, id: &str) -> Result<(Duration, String), String> {
         let (took, out) = timed(|| self.chalkctl(&["suspend", "--id", id]))?;

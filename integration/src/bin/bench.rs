@@ -2,7 +2,10 @@
 //! runsc, and with runsc alone, on a private containerd; writes RESULTS.md (and memory.png
 //! when gnuplot is there) into the output directory.
 //!
-//!   chalk-bench [--quick] [--out DIR]
+//!   chalk-bench [--quick] [--out DIR] [--sizes MB,..] [--only GROUP,..]
+//!
+//! `--sizes` and `--only` (lifecycle, snapshots, memory, many, shim, hashing) narrow a run
+//! while a change is measured; the committed results come from full runs.
 //!
 //! `--quick` is the smoke mode CI runs: one or two runs of everything, small memory. Nothing
 //! here fails on a timing; it fails only when an operation fails.
@@ -17,7 +20,7 @@ use chalk_integration::{
     bench::{
         filled_counter, machine, reap_orphans,
         report::{self, Group, Meta, Plain, PlotPoint, Row, CHALK, RUNC_SHIM, RUNSC},
-        runsc_alone::{size_of, RunscAlone},
+        runsc_alone::{openssl_sha256, size_of, RunscAlone},
         stats::{summarize, Unit},
         via_ctr::{write_runc_wrapper, ViaCtr},
         COUNTER,
@@ -43,24 +46,67 @@ struct Opts {
     many: usize,
     /// Bytes of the file hashed.
     hash_bytes: u64,
+    /// The groups to run (all when empty).
+    only: Vec<String>,
+}
+
+const GROUPS: [&str; 6] = [
+    "lifecycle",
+    "snapshots",
+    "memory",
+    "many",
+    "shim",
+    "hashing",
+];
+
+impl Opts {
+    fn runs(&self, group: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|g| g == group)
+    }
 }
 
 fn parse_opts() -> Result<Opts, String> {
     let mut quick = false;
     let mut out = PathBuf::from("bench");
+    let mut sizes = None;
+    let mut only = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,
             "--out" => out = args.next().ok_or("--out needs a directory")?.into(),
+            "--sizes" => {
+                let list = args.next().ok_or("--sizes needs megabytes, as 64,1024")?;
+                sizes = Some(
+                    list.split(',')
+                        .map(|v| {
+                            v.parse::<u64>()
+                                .map_err(|_| format!("--sizes: {v:?} is no number of megabytes"))
+                        })
+                        .collect::<Result<Vec<u64>, String>>()?,
+                );
+            }
+            "--only" => {
+                let list = args.next().ok_or("--only needs groups")?;
+                for g in list.split(',') {
+                    if !GROUPS.contains(&g) {
+                        return Err(format!(
+                            "--only: no group {g:?}; the groups: {}",
+                            GROUPS.join(", ")
+                        ));
+                    }
+                    only.push(g.to_string());
+                }
+            }
             other => {
                 return Err(format!(
-                    "unknown argument {other}; usage: chalk-bench [--quick] [--out DIR]"
+                    "unknown argument {other}; usage: chalk-bench [--quick] [--out DIR] \
+                     [--sizes MB,..] [--only GROUP,..]"
                 ))
             }
         }
     }
-    Ok(if quick {
+    let mut o = if quick {
         Opts {
             quick,
             out,
@@ -70,6 +116,7 @@ fn parse_opts() -> Result<Opts, String> {
             sizes: vec![16],
             many: 3,
             hash_bytes: 64 << 20,
+            only: Vec::new(),
         }
     } else {
         Opts {
@@ -81,8 +128,14 @@ fn parse_opts() -> Result<Opts, String> {
             sizes: vec![64, 256, 1024, 4096],
             many: 20,
             hash_bytes: 1 << 30,
+            only: Vec::new(),
         }
-    })
+    };
+    if let Some(sizes) = sizes {
+        o.sizes = sizes;
+    }
+    o.only = only;
+    Ok(o)
 }
 
 fn main() -> ExitCode {
@@ -116,13 +169,30 @@ fn run(o: &Opts) -> Result<(), String> {
     let chalk = ViaCtr::chalk(&c);
     let runc = ViaCtr::runc_shim(&c, &wrapper);
 
-    let mut groups = vec![lifecycle(o, &chalk, &runc, &alone)?];
-    groups.push(snapshots(o, &chalk, &alone)?);
-    let (memory, points) = memory_scaling(o, &chalk, &alone)?;
-    groups.push(memory);
-    groups.push(many_forks(o, &chalk, &alone)?);
-    groups.push(shim_memory(o, &chalk, &runc)?);
-    let hashing = hashing(o, c.dir())?;
+    let mut groups = Vec::new();
+    if o.runs("lifecycle") {
+        groups.push(lifecycle(o, &chalk, &runc, &alone)?);
+    }
+    if o.runs("snapshots") {
+        groups.push(snapshots(o, &chalk, &alone)?);
+    }
+    let mut points = Vec::new();
+    if o.runs("memory") {
+        let (memory, p) = memory_scaling(o, &chalk, &alone)?;
+        groups.push(memory);
+        points = p;
+    }
+    if o.runs("many") {
+        groups.push(many_forks(o, &chalk, &alone)?);
+    }
+    if o.runs("shim") {
+        groups.push(shim_memory(o, &chalk, &runc)?);
+    }
+    let hashing = if o.runs("hashing") {
+        vec![hashing(o, c.dir())?]
+    } else {
+        Vec::new()
+    };
 
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
     let plot = plot(&o.out, &points, &alone.features.version);
@@ -139,6 +209,8 @@ fn run(o: &Opts) -> Result<(), String> {
         ),
         mode: if o.quick {
             "--quick: smoke mode, few runs".into()
+        } else if !o.only.is_empty() || o.sizes != [64, 256, 1024, 4096] {
+            format!("partial run (groups {:?}, sizes {:?})", o.only, o.sizes)
         } else {
             "full run".into()
         },
@@ -169,7 +241,7 @@ fn run(o: &Opts) -> Result<(), String> {
         "The whole run took {:.0} s.",
         started.elapsed().as_secs_f64()
     ));
-    let text = report::render(&meta, &groups, &[hashing], plot.as_deref(), &notes);
+    let text = report::render(&meta, &groups, &hashing, plot.as_deref(), &notes);
     let path = o.out.join("RESULTS.md");
     std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("{text}");
@@ -235,9 +307,15 @@ struct Cycle {
     snapshot: Vec<f64>,
     /// How long the source was paused: runsc's checkpoint (the shim's figure for chalk).
     paused: Vec<f64>,
-    /// The shim's hashing and storing of a snapshot, after the source runs on.
-    hashing: Vec<f64>,
-    storing: Vec<f64>,
+    /// Until a fork could start from it: the command's time less what it then waited for the
+    /// seal (the shim's figures); for runsc alone, its checkpoint.
+    forkable: Vec<f64>,
+    /// The shim's seal after runsc ended (hashing what was left, storing); for runsc alone,
+    /// the longer of its checkpoint and openssl's sha256 of its files on one core.
+    sealing: Vec<f64>,
+    sealed_vs: Vec<f64>,
+    /// `chalkctl fork --id`; runsc alone: its checkpoint and one restore.
+    fork_running: Vec<f64>,
     fork: Vec<f64>,
     fork_loaded: Vec<f64>,
     /// runsc alone's `restore --background`: running, and fully loaded.
@@ -262,7 +340,19 @@ fn snapshots(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, Stri
             &ours.snapshot,
             &theirs.snapshot,
         ),
+        (
+            "snapshot: time until forkable",
+            Unit::Millis,
+            &ours.forkable,
+            &theirs.forkable,
+        ),
         ("fork, 1", Unit::Millis, &ours.fork, &theirs.fork),
+        (
+            "`fork --id` (snapshot + fork), vs checkpoint + restore",
+            Unit::Millis,
+            &ours.fork_running,
+            &theirs.fork_running,
+        ),
         ("fork, 4 at once", Unit::Millis, &ours.fork4, &theirs.fork4),
         ("suspend", Unit::Millis, &ours.suspend, &theirs.suspend),
         ("resume", Unit::Millis, &ours.resume, &theirs.resume),
@@ -313,14 +403,20 @@ fn chalk_cycle(
             v.size.push(size as f64 / 1e6);
             if let Some(t) = chalk.timing("snapshot", &src, i) {
                 v.paused.push(t["runsc_ms"]);
-                v.hashing.push(t["hash_ms"]);
-                v.storing.push(t["store_ms"]);
+                v.sealing.push(t["hash_ms"]);
+                let waited = t["sealed_ms"] - t["usable_ms"];
+                v.forkable
+                    .push(v.snapshot.last().copied().unwrap_or(0.0) - waited);
             }
             let id = format!("{name}-f{i}");
             let t = ms(chalk.fork(&digest, &id, 1)?);
             v.fork.push(t);
             v.fork_loaded.push(t + chalk.loading_after_running(&id, 0));
             chalk.remove(&id);
+            let id = format!("{name}-r{i}");
+            let t = chalk.fork_running(&src, &id);
+            chalk.remove(&id);
+            v.fork_running.push(ms(t?));
             if four {
                 let id = format!("{name}-g{i}");
                 let t = chalk.fork(&digest, &id, 4);
@@ -366,11 +462,15 @@ fn alone_cycle(
             let t = ms(alone.snapshot(&bundle, &src, &image)?);
             v.snapshot.push(t);
             v.paused.push(t);
+            v.forkable.push(t);
+            v.sealed_vs.push(t.max(ms(openssl_sha256(&image)?)));
             v.size.push(size_of(&image) as f64 / 1e6);
             let id = format!("{name}-f{i}");
             let t = alone.restore(&bundle, &image, &id);
             alone.remove(&id);
             v.fork.push(ms(t?));
+            v.fork_running
+                .push(v.snapshot.last().copied().unwrap_or(0.0) + v.fork.last().unwrap());
             v.fork_loaded.push(*v.fork.last().unwrap_or(&0.0));
             let id = format!("{name}-l{i}");
             let t = alone.restore_lazy(&bundle, &image, &id);
@@ -443,16 +543,28 @@ fn memory_scaling(
             &theirs.paused,
         );
         add(
-            "snapshot: hashing (shim)",
+            "snapshot: time until forkable",
             Unit::Millis,
-            &ours.hashing,
+            &ours.forkable,
+            &theirs.forkable,
+        );
+        add(
+            "snapshot: sealed, vs the longer of runsc's checkpoint and openssl's sha256",
+            Unit::Millis,
+            &ours.snapshot,
+            &theirs.sealed_vs,
+        );
+        add(
+            "snapshot: sealing after runsc ended (shim)",
+            Unit::Millis,
+            &ours.sealing,
             &none,
         );
         add(
-            "snapshot: storing (shim)",
+            "`fork --id` (snapshot + fork), vs checkpoint + restore",
             Unit::Millis,
-            &ours.storing,
-            &none,
+            &ours.fork_running,
+            &theirs.fork_running,
         );
         add(
             "fork: time to running",

@@ -39,6 +39,21 @@ impl GlobalArgs {
             .map(String::as_str)
     }
 
+    /// Whether the sandbox's root filesystem writes stay in its own memory, so that nothing it
+    /// does reaches the host's root directory (`--overlay`, `--overlay2=root:memory|self`).
+    pub fn root_writes_in_sandbox(&self) -> bool {
+        match self.overlay().map(|f| f.trim_start_matches('-')) {
+            Some("overlay" | "overlay=true") => true,
+            Some(f) => f
+                .strip_prefix("overlay2=")
+                .and_then(|v| v.split_once(':'))
+                .is_some_and(|(mounts, medium)| {
+                    matches!(mounts, "root" | "all") && matches!(medium, "memory" | "self")
+                }),
+            None => false,
+        }
+    }
+
     /// runsc's platform (`default` when runsc picks its own).
     pub fn platform(&self) -> &str {
         self.flag_value("platform").unwrap_or("default")
@@ -440,6 +455,31 @@ mod tests {
         assert_eq!(g.platform(), "default");
         assert_eq!(g.overlay(), Some("--overlay2=root:memory"));
         assert_eq!(global().platform(), "ptrace");
+    }
+
+    #[test]
+    fn root_writes_stay_in_the_sandbox_only_under_a_memory_overlay() {
+        let with = |f: &[&str]| GlobalArgs {
+            root: "/r".into(),
+            flags: f.iter().map(|s| s.to_string()).collect(),
+        };
+        for yes in [
+            &["--overlay"][..],
+            &["--overlay2=root:memory"],
+            &["--overlay2=all:self"],
+            &["--overlay2=none", "--overlay2=root:self"],
+        ] {
+            assert!(with(yes).root_writes_in_sandbox(), "{yes:?}");
+        }
+        for no in [
+            &[][..],
+            &["--overlay=false"],
+            &["--overlay2=none"],
+            &["--overlay2=root:/host/dir"],
+            &["--overlay2=root:memory", "--overlay2=none"],
+        ] {
+            assert!(!with(no).root_writes_in_sandbox(), "{no:?}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod describe;
 pub mod dir;
 pub mod extra;
+pub mod follow;
 pub mod hash;
 pub mod isolation;
 pub mod manifest;

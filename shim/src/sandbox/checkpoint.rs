@@ -5,7 +5,6 @@
 //! with its exit reported) and the directory empty.
 
 use std::{
-    collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -17,24 +16,25 @@ use chalk_runtime::{
     snapshot::{
         describe::describe,
         dir,
+        follow::Follower,
         manifest::{self, PodFacts, PodMember, Source},
         space,
-        store::{Commit, Committed, Ingest, Pointer, Store, POINTER},
+        store::{Pointer, Store, POINTER},
         Kind, Manifest,
     },
     state::Status,
 };
 use containerd_shim::protos::{events::task::TaskCheckpointed, topics};
 
-use super::{launch::Launch, Sandboxes};
+use super::{
+    launch::Launch,
+    seal::{finish_hashing, Sealing},
+    Sandboxes,
+};
 use crate::container::{kill_pid, Busy, Container};
 use crate::{
     errors::{Result, ShimError},
     runtime_options::CheckpointRequest,
-};
-use chalk_labels::{
-    KIND_ANNOTATION, NAMESPACE_ANNOTATION, SANDBOX_ANNOTATION, SNAPSHOTTER_ANNOTATION,
-    SPEC_TYPE_ANNOTATION,
 };
 
 /// How long the sentry may take to let go of a killed exec's host files.
@@ -59,10 +59,21 @@ impl Sandboxes {
             check_pod_checkpoint(&c, members.len(), want.exit)?;
         }
         let asked = want.image_path.unwrap_or_else(|| PathBuf::from(path));
-        // An ingest directory of the store: the snapshot is stored as blobs once sealed.
-        let ingest = match Store::ingest_token_under(&c.snapshot.store, &asked) {
+        // An ingest directory of the store: the snapshot is stored as blobs once sealed, and
+        // usable from its fresh directory before. A fresh directory asked for: runsc writes
+        // into an ingest all the same, only never sealed (a checkpoint taken to be forked).
+        let store_root = &c.snapshot.store;
+        let (ingest, seal) = match (
+            Store::ingest_token_under(store_root, &asked),
+            Store::fresh_token_under(store_root, &asked),
+        ) {
+            (Some(token), _) => (Some(token), true),
+            (None, Some(token)) => (Some(token), false),
+            (None, None) => (None, true),
+        };
+        let ingest = match ingest {
             Some(token) => {
-                let store = Store::open(&c.snapshot.store)?;
+                let store = Store::open(store_root)?;
                 let ingest = store.begin_ingest(&token)?;
                 Some((store, ingest))
             }
@@ -118,6 +129,8 @@ impl Sandboxes {
         manifest.terminal = c.state.lock().unwrap().init.io.terminal_state();
         let started = Instant::now();
         chalk_runtime::fault::point("checkpoint", &c.id);
+        // runsc's files are hashed as they are written: the seal ends soon after runsc does.
+        let follower = Follower::start(&dir);
         let outcome = if want.exit {
             self.suspend(&c, &dir)
         } else {
@@ -139,13 +152,18 @@ impl Sandboxes {
             }
             Ok(())
         });
-        if let Err(e) = outcome {
-            dir::empty(&dir);
-            if !want.exit {
-                let _ = put_back("after a failed checkpoint");
+        let follower = match outcome {
+            Ok(()) => follower,
+            Err(e) => {
+                follower.cancel();
+                dir::empty(&dir);
+                if !want.exit {
+                    let _ = put_back("after a failed checkpoint");
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
+        let runsc_time = started.elapsed();
         manifest.extra.gpu = handed.as_ref().map(|(_, h)| h.facts.clone());
         if !members.is_empty() {
             let completed = c.completed_members.lock().unwrap().clone();
@@ -153,17 +171,15 @@ impl Sandboxes {
                 self.records().image_of(id).ok().flatten().map(|i| i.digest)
             }));
         }
-        let runsc_time = started.elapsed();
-        chalk_runtime::fault::point("seal", &c.id);
-        let sealed = manifest::restrict_permissions(&dir).and_then(|_| manifest.seal(&dir, 0));
-        if let Err(e) = sealed {
+        if let Err(e) = manifest::restrict_permissions(&dir) {
+            follower.cancel();
             dir::empty(&dir);
             return Err(e.into());
         }
-        let hash_time = started.elapsed() - runsc_time;
         if !want.exit {
-            // The snapshot is on disk, but a source left without its GPU state fails it.
+            // The snapshot is written, but a source left without its GPU state fails it.
             if let Err(e) = put_back("after the checkpoint") {
+                follower.cancel();
                 dir::empty(&dir);
                 return Err(e);
             }
@@ -172,93 +188,92 @@ impl Sandboxes {
                 log::warn!("container {}: {e}", c.id);
             }
         }
-        let before_store = started.elapsed();
-        chalk_runtime::fault::point("store", &c.id);
-        let stored = match ingest {
-            Some((store, ingest)) => Some(self.store_snapshot(&c, &store, ingest, kind)?),
-            None => None,
-        };
-        // containerd 1.6 ignores a non-runc shim's image_path and stores what its own
-        // directory holds: a pointer to the stored snapshot (the same form a restore takes),
-        // which also keeps its stored tar from being the same empty one every time.
-        if let Some(committed) = &stored {
-            let theirs = Path::new(path);
-            if !path.is_empty() && theirs != asked && theirs.is_dir() {
-                let pointer = Pointer {
-                    snapshot: committed.manifest.digest.clone(),
-                };
-                chalk_runtime::bundle::write_private(&theirs.join(POINTER), &pointer.to_bytes())?;
+        let op = if want.exit { "suspend" } else { "snapshot" };
+        let Some((store, ingest)) = ingest else {
+            // A directory outside the store: sealed here, before the reply.
+            let known = finish_hashing(&c.id, follower);
+            chalk_runtime::fault::point("seal", &c.id);
+            if let Err(e) = manifest.seal_with(&dir, &known, 0) {
+                dir::empty(&dir);
+                return Err(e.into());
             }
+            let hash_time = started.elapsed() - runsc_time;
+            log::info!(
+                "container {}: {op} of {} bytes in {:?} (runsc {runsc_time:?}, hashing \
+                 {hash_time:?}) at {}",
+                c.id,
+                manifest.total_size(),
+                started.elapsed(),
+                dir.display()
+            );
+            self.checkpointed(&c.id, &dir);
+            return Ok(());
+        };
+        // Usable from here on: a restore may start from the fresh directory's links.
+        let token = ingest.token().to_string();
+        let fresh = match store.publish_fresh(ingest.dir(), &token, &manifest) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                follower.cancel();
+                return Err(e.into());
+            }
+        };
+        let usable_time = started.elapsed();
+        // containerd 1.6 ignores a non-runc shim's image_path and stores what its own
+        // directory holds: a pointer to this snapshot by its token (the form a restore takes),
+        // which also keeps its stored tar from being the same empty one every time.
+        let theirs = Path::new(path);
+        if !path.is_empty() && theirs != asked && theirs.is_dir() {
+            let pointer = Pointer::to_token(&token);
+            chalk_runtime::bundle::write_private(&theirs.join(POINTER), &pointer.to_bytes())?;
         }
-        log::info!(
-            "container {}: {} of {} bytes in {:?} (runsc {runsc_time:?}, hashing {hash_time:?}, \
-             storing {:?}) at {}",
-            c.id,
-            if want.exit { "suspend" } else { "snapshot" },
-            manifest.total_size(),
-            started.elapsed(),
-            started.elapsed() - before_store,
-            stored
-                .as_ref()
-                .map_or(dir.display().to_string(), |s| s.manifest.digest.clone()),
-        );
-        log::info!(
-            "chalk-timing op={} id={} runsc_ms={} hash_ms={} store_ms={} bytes={}",
-            if want.exit { "suspend" } else { "snapshot" },
-            c.id,
-            runsc_time.as_millis(),
-            hash_time.as_millis(),
-            (started.elapsed() - before_store).as_millis(),
-            manifest.total_size()
-        );
-        let mut ev = TaskCheckpointed::new();
-        ev.container_id = c.id.clone();
-        ev.checkpoint = dir.display().to_string();
-        self.events()
-            .publish(topics::TASK_CHECKPOINTED_EVENT_TOPIC, ev);
+        if !seal {
+            follower.cancel();
+            fresh.hand_over();
+            drop(ingest);
+            log::info!(
+                "container {}: {op} of {} bytes usable in {usable_time:?} (runsc \
+                 {runsc_time:?}), not sealed: fresh {token}",
+                c.id,
+                manifest.total_size(),
+            );
+            self.checkpointed(&c.id, &dir);
+            return Ok(());
+        }
+        // What the stored snapshot records of the container, asked before the reply: a
+        // suspended container may be gone by the time the seal ends.
+        let facts = match self.records().snapshot_facts(&c.id) {
+            Ok(facts) => facts,
+            Err(e) => {
+                follower.cancel();
+                return Err(e);
+            }
+        };
+        let sealing = Sealing {
+            id: c.id.clone(),
+            op,
+            namespace: self.namespace().to_string(),
+            sandbox_id: c.sandbox_id.clone(),
+            kind,
+            facts,
+            manifest,
+            started,
+            runsc_time,
+            usable_time,
+        };
+        self.inner
+            .seals
+            .spawn(move || sealing.run(follower, store, ingest, fresh));
+        self.checkpointed(&c.id, &dir);
         Ok(())
     }
 
-    /// Moves a sealed checkpoint into the store as blobs, with containerd's spec of the
-    /// container and its base image as the manifest's subject; the ref is written last.
-    fn store_snapshot(
-        &self,
-        c: &Container,
-        store: &Store,
-        ingest: Ingest,
-        kind: Kind,
-    ) -> Result<Committed> {
-        let facts = self.records().snapshot_facts(&c.id)?;
-        let annotations = BTreeMap::from([
-            (KIND_ANNOTATION.to_string(), kind.as_str().to_string()),
-            (SANDBOX_ANNOTATION.to_string(), c.sandbox_id.clone()),
-            (
-                NAMESPACE_ANNOTATION.to_string(),
-                self.namespace().to_string(),
-            ),
-            (
-                SNAPSHOTTER_ANNOTATION.to_string(),
-                facts.snapshotter.clone(),
-            ),
-            (SPEC_TYPE_ANNOTATION.to_string(), facts.spec_type.clone()),
-        ]);
-        let committed = store.commit(
-            ingest,
-            Commit {
-                namespace: self.namespace(),
-                spec: &facts.spec,
-                subject: facts.base,
-                annotations,
-            },
-        )?;
-        log::info!(
-            "container {}: stored as {} ({} bytes new, {} already in the store)",
-            c.id,
-            committed.manifest.digest,
-            committed.stored,
-            committed.reused
-        );
-        Ok(committed)
+    fn checkpointed(&self, id: &str, dir: &Path) {
+        let mut ev = TaskCheckpointed::new();
+        ev.container_id = id.to_string();
+        ev.checkpoint = dir.display().to_string();
+        self.events()
+            .publish(topics::TASK_CHECKPOINTED_EVENT_TOPIC, ev);
     }
 
     /// The manifest's account of container `c`, before its files are hashed.

@@ -188,7 +188,8 @@ impl Sandboxes {
         crate::private_mounts::make_private(&mut adapted, &bundle_dir)
             .map_err(|e| invalid(e.to_string()))?;
         bundle::write_spec(&bundle_dir, &spec, &adapted)?;
-        undo.rootfs_mounted = rootfs::mount(&bundle_dir, &rootfs)?;
+        let volatile = runtime.global().root_writes_in_sandbox();
+        undo.rootfs_mounted = rootfs::mount(&bundle_dir, &rootfs, volatile)?;
         // runsc would only notice at start; containerd clients expect Create to fail.
         executable::check(&spec, &bundle_dir)?;
 

@@ -16,6 +16,7 @@ mod launch;
 mod pod;
 mod pod_restore;
 mod restore;
+mod seal;
 mod start;
 #[cfg(test)]
 mod tests;
@@ -29,6 +30,7 @@ use containerd_shim::ExitSignal;
 
 pub use create::CreateRequest;
 pub use exec::ExecRequest;
+pub use seal::Seals;
 
 use crate::{
     container::Container,
@@ -53,6 +55,8 @@ struct Inner {
     events: Arc<dyn EventSink>,
     containers: Mutex<HashMap<String, Arc<Container>>>,
     exit: Arc<ExitSignal>,
+    /// Seals still running after their Checkpoint answered.
+    seals: Arc<Seals>,
 }
 
 impl Sandboxes {
@@ -63,6 +67,7 @@ impl Sandboxes {
         records: Arc<dyn Records>,
         events: Arc<dyn EventSink>,
         exit: Arc<ExitSignal>,
+        seals: Arc<Seals>,
     ) -> Self {
         Sandboxes {
             inner: Arc::new(Inner {
@@ -73,6 +78,7 @@ impl Sandboxes {
                 events,
                 containers: Mutex::new(HashMap::new()),
                 exit,
+                seals,
             }),
         }
     }

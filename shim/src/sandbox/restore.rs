@@ -11,7 +11,8 @@ use chalk_runtime::{
     runsc::{Features, SandboxRuntime},
     snapshot::{
         describe::{check_restore, Target},
-        store::{Pointer, RestoreDir, Store},
+        manifest::FileEntry,
+        store::{Pointer, RestoreDir, Seal, Store},
         Manifest,
     },
 };
@@ -40,6 +41,9 @@ impl Sandboxes {
             )));
         }
         match Pointer::read(dir)? {
+            Some(Pointer {
+                token: Some(token), ..
+            }) => self.verify_token(&token, to),
             Some(pointer) => self.verify(&pointer.snapshot, dir, to),
             None => self.verify("", dir, to),
         }
@@ -49,6 +53,45 @@ impl Sandboxes {
     /// restored as `to`.
     pub(super) fn verify_stored(&self, id: &str, to: Into) -> Result<RestoreFrom> {
         self.verify(id, &to.options.store.clone(), to)
+    }
+
+    /// Checks that the snapshot of store token `token` may be restored as `to`: from its
+    /// fresh directory while it is being sealed (its files as runsc wrote them, in the store's
+    /// own root-only directories), else the stored snapshot its ref names.
+    fn verify_token(&self, token: &str, to: Into) -> Result<RestoreFrom> {
+        let started = Instant::now();
+        let store = Store::open(&to.options.store)?;
+        if let Some((m, linked)) = store.prepare_fresh_restore(token, &self.restore_token(&to))? {
+            let m = Manifest {
+                // Only its names count here (which files a lazy restore needs).
+                files: fresh_entries(linked.dir()),
+                ..m
+            };
+            let what = format!("{token} (fresh)");
+            return self.verified(m, Some(linked), Path::new(""), &what, started, to);
+        }
+        match store.seal_state(token) {
+            Seal::Sealed(r) => self.verify(&r.manifest, &to.options.store.clone(), to),
+            Seal::Failed(error) => Err(ShimError::FailedPrecondition(format!(
+                "snapshot {token} could not be sealed ({error}): there is nothing to restore; \
+                 take a new one"
+            ))),
+            Seal::Sealing | Seal::Lost => Err(ShimError::FailedPrecondition(format!(
+                "snapshot {token} is neither fresh nor stored (it was deleted, or the shim \
+                 that took it ended before sealing it): take a new one"
+            ))),
+        }
+    }
+
+    fn restore_token(&self, to: &Into) -> String {
+        format!(
+            "{}+{}+{}",
+            self.namespace(),
+            to.id,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        )
     }
 
     /// `stored`: the store's snapshot to restore from; empty: runsc's files in `dir`.
@@ -63,18 +106,30 @@ impl Sandboxes {
             stored => {
                 let store = Store::open(&to.options.store)?;
                 let snap = store.open_snapshot(stored)?;
-                let token = format!(
-                    "{}+{}+{}",
-                    self.namespace(),
-                    to.id,
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos())
-                );
-                let linked = store.prepare_restore(&snap, &token)?;
+                let linked = store.prepare_restore(&snap, &self.restore_token(&to))?;
                 (snap.manifest, Some(linked))
             }
         };
+        let what = if stored.is_empty() {
+            dir.display().to_string()
+        } else {
+            stored.to_string()
+        };
+        self.verified(m, linked, dir, &what, started, to)
+    }
+
+    /// The checks every restore passes once its manifest and files are found.
+    fn verified(
+        &self,
+        m: Manifest,
+        linked: Option<RestoreDir>,
+        dir: &Path,
+        what: &str,
+        started: Instant,
+        to: Into,
+    ) -> Result<RestoreFrom> {
+        // What the restore is of, for the pod's checks: the snapshot, unless runsc's files.
+        let stored = if linked.is_some() { what } else { "" };
         let from = linked.as_ref().map_or(dir, RestoreDir::dir);
         let image = if m.image.is_some() {
             self.records().image_of(to.id)?
@@ -99,13 +154,8 @@ impl Sandboxes {
             && m.extra.pod_members() == 0
             && m.files.iter().any(|f| f.path == "pages.img");
         log::info!(
-            "container {}: snapshot {} ({} bytes) verified in {:?}{}",
+            "container {}: snapshot {what} ({} bytes) verified in {:?}{}",
             to.id,
-            if stored.is_empty() {
-                dir.display().to_string()
-            } else {
-                stored.to_string()
-            },
             m.total_size(),
             started.elapsed(),
             if linked.is_some() {
@@ -128,4 +178,21 @@ impl Sandboxes {
             lazy,
         })
     }
+}
+
+/// The files of a fresh restore directory, as manifest entries without digests.
+fn fresh_entries(dir: &Path) -> Vec<FileEntry> {
+    chalk_runtime::snapshot::manifest::list_files(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|path| {
+            let size = std::fs::metadata(dir.join(&path)).map_or(0, |m| m.len());
+            FileEntry {
+                path,
+                size,
+                sha256: String::new(),
+                chunks: Vec::new(),
+            }
+        })
+        .collect()
 }

@@ -5,6 +5,7 @@
 mod rfc3339;
 
 use std::{
+    collections::BTreeMap,
     io::Write,
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Component, Path, PathBuf},
@@ -200,9 +201,41 @@ impl Manifest {
     /// Hashes every file of `dir` into `self.files` and writes the manifest last, atomically
     /// (a temporary file renamed into place), readable by root only.
     pub fn seal(&mut self, dir: &Path, threads: usize) -> Result<()> {
+        self.seal_with(dir, &BTreeMap::new(), threads)
+    }
+
+    /// As [`Manifest::seal`], taking the digests of files already hashed (by a
+    /// [`Follower`](crate::snapshot::follow::Follower)) as they are, where the file still has
+    /// the size hashed.
+    pub fn seal_with(
+        &mut self,
+        dir: &Path,
+        known: &BTreeMap<String, hash::FileDigest>,
+        threads: usize,
+    ) -> Result<()> {
         let names = list_files(dir)?;
-        let paths: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
-        let digests = hash::hash_files(&paths, threads)?;
+        let size_now = |n: &str| std::fs::metadata(dir.join(n)).map(|m| m.len()).ok();
+        let reused: Vec<Option<hash::FileDigest>> = names
+            .iter()
+            .map(|n| {
+                known
+                    .get(n)
+                    .filter(|d| size_now(n) == Some(d.size))
+                    .cloned()
+            })
+            .collect();
+        let rest: Vec<PathBuf> = names
+            .iter()
+            .zip(&reused)
+            .filter(|(_, r)| r.is_none())
+            .map(|(n, _)| dir.join(n))
+            .collect();
+        let mut hashed = hash::hash_files(&rest, threads)?.into_iter();
+        let digests = reused
+            .into_iter()
+            .map(|r| r.or_else(|| hashed.next()))
+            .collect::<Option<Vec<hash::FileDigest>>>()
+            .ok_or_else(|| snapshot_error(dir, "a file was left unhashed"))?;
         self.files = names
             .into_iter()
             .zip(digests)

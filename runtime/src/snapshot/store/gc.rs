@@ -28,7 +28,7 @@ impl Store {
         let _exclusive = self.lock_store(true)?;
         let mut report = GcReport::default();
         let mut live: BTreeSet<String> = BTreeSet::new();
-        for kind in ["ingest", "restores"] {
+        for kind in ["ingest", "restores", "fresh"] {
             let dir = self.root.join(kind);
             for entry in
                 fs::read_dir(&dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?
@@ -48,6 +48,8 @@ impl Store {
                     continue;
                 }
                 match Lock::try_take(&lock_path(&path)) {
+                    // A fresh directory handed to a caller is unheld while it forks from it.
+                    Some(_) if kind == "fresh" && !Self::fresh_is_stale(&path) => {}
                     Some(_stale) => {
                         let _ = fs::remove_dir_all(&path);
                         let _ = fs::remove_file(lock_path(&path));

@@ -10,6 +10,10 @@
 //! <root>/ingest/<token>/          a checkpoint being written; <token>.lock held meanwhile
 //! <root>/refs/<token>             a completed snapshot: its manifest digest (gc root)
 //! <root>/restores/<token>/        symlinks runsc restores from; <token>.lock held meanwhile
+//!                                 (hard links, for a restore from a fresh snapshot)
+//! <root>/fresh/<token>/           hard links to a checkpoint's files before it is sealed
+//!                                 (see [`fresh`]); <token>.lock held while it is sealed
+//! <root>/failed/<token>           why snapshot <token> could not be sealed
 //! ```
 //!
 //! Guarantees: a ref is written only after all of its blobs are in place, so a snapshot never
@@ -17,6 +21,7 @@
 //! unreferenced blobs, which [`Store::gc`] removes; a blob is hashed when it enters the store
 //! and again only when its identity (inode, size, times, boot) changed since.
 
+mod fresh;
 mod gc;
 mod ingest;
 mod layout;
@@ -34,6 +39,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use fresh::{Fresh, Seal, FRESH_MAX_AGE};
 pub use gc::GcReport;
 pub use ingest::{Commit, Committed, Ingest};
 pub use pointer::{holds_only_a_pointer, Pointer, POINTER};
@@ -60,7 +66,14 @@ impl Store {
         let store = Store {
             root: root.to_path_buf(),
         };
-        for d in ["blobs/sha256", "verified", "ingest", "refs", "restores"] {
+        for d in [
+            "blobs/sha256",
+            "verified",
+            "ingest",
+            "refs",
+            "restores",
+            "fresh",
+        ] {
             make_private_dir(&root.join(d))?;
         }
         // Snapshots hold memory and secrets: nothing but root walks into the store.

@@ -27,11 +27,31 @@ pub fn holds_only_a_pointer(dir: &Path) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pointer {
-    /// The snapshot's manifest digest.
+    /// The stored snapshot's OCI manifest digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub snapshot: String,
+    /// Or the snapshot by its store token: its ref once sealed, its fresh directory before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 impl Pointer {
+    /// A pointer to stored snapshot `digest`.
+    pub fn to_snapshot(digest: &str) -> Pointer {
+        Pointer {
+            snapshot: digest.to_string(),
+            token: None,
+        }
+    }
+
+    /// A pointer to the snapshot of store token `token`, sealed or not yet.
+    pub fn to_token(token: &str) -> Pointer {
+        Pointer {
+            snapshot: String::new(),
+            token: Some(token.to_string()),
+        }
+    }
+
     /// The pointer in checkpoint directory `dir`, if it is one (its only file).
     pub fn read(dir: &Path) -> Result<Option<Pointer>> {
         let path = dir.join(POINTER);
@@ -40,8 +60,17 @@ impl Pointer {
         };
         let bad = |m: String| store_error(dir, format!("{POINTER}: {m}"));
         let p: Pointer = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-        if oci::sha256_hex_of(&p.snapshot).is_none() {
-            return Err(bad(format!("{:?} is not a sha256 digest", p.snapshot)));
+        match &p.token {
+            None if oci::sha256_hex_of(&p.snapshot).is_none() => {
+                return Err(bad(format!("{:?} is not a sha256 digest", p.snapshot)));
+            }
+            Some(token) if !p.snapshot.is_empty() || !super::layout::valid_token(token) => {
+                return Err(bad(format!(
+                    "token {token:?}: a pointer names one snapshot, by digest or by a token of \
+                     letters, digits and ._+-"
+                )));
+            }
+            _ => {}
         }
         let others = fs::read_dir(dir)
             .map_err(|e| Error::io(format!("list {}", dir.display()), e))?

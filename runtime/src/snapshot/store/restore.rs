@@ -28,23 +28,9 @@ impl Store {
     /// A directory runsc can restore `snap` from, its files symlinks to the blobs; each blob
     /// verified first (by identity, or hashed again when that changed). Held until dropped.
     pub fn prepare_restore(&self, snap: &Stored, token: &str) -> Result<RestoreDir> {
-        if !valid_token(token) {
-            return Err(store_error(
-                &self.root,
-                format!("restore name {token:?} is invalid"),
-            ));
-        }
         let _shared = self.lock_store(false)?;
-        let dir = self.root.join("restores").join(token);
-        let lock = Lock::take(&lock_path(&dir))?;
-        let restore = RestoreDir {
-            dir: dir.clone(),
-            lock: Some(lock),
-        };
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| store_error(&self.root, format!("restore {token}: {e}")))?;
+        let restore = self.begin_restore(token)?;
+        let dir = restore.dir.clone();
         self.verify_blobs(&snap.digest, &snap.manifest)?;
         for f in &snap.manifest.files {
             let link = dir.join(&f.path);
@@ -55,6 +41,27 @@ impl Store {
             std::os::unix::fs::symlink(&blob, &link)
                 .map_err(|e| Error::io(format!("link {}", link.display()), e))?;
         }
+        Ok(restore)
+    }
+
+    /// A new, empty restore directory `token`, locked (the caller holds the store's lock).
+    pub(super) fn begin_restore(&self, token: &str) -> Result<RestoreDir> {
+        if !valid_token(token) {
+            return Err(store_error(
+                &self.root,
+                format!("restore name {token:?} is invalid"),
+            ));
+        }
+        let dir = self.root.join("restores").join(token);
+        let lock = Lock::take(&lock_path(&dir))?;
+        let restore = RestoreDir {
+            dir: dir.clone(),
+            lock: Some(lock),
+        };
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| store_error(&self.root, format!("restore {token}: {e}")))?;
         Ok(restore)
     }
 }

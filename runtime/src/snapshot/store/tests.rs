@@ -1,4 +1,4 @@
-use std::{collections::BTreeMap, fs, os::unix::fs::PermissionsExt, path::Path};
+use std::{collections::BTreeMap, fs, os::unix::fs::PermissionsExt, path::Path, time::Duration};
 
 use super::{lock::lock_path, *};
 use crate::snapshot::{
@@ -238,4 +238,146 @@ fn bad_names_and_foreign_manifests_are_refused() {
         "{err}"
     );
     let _ = FILE_NAME;
+}
+
+/// runsc's files in an ingest of `store`, not yet sealed.
+fn written(store: &Store, token: &str, files: &[(&str, &[u8])]) -> Ingest {
+    let ingest = store.begin_ingest(token).unwrap();
+    for (name, bytes) in files {
+        fs::write(ingest.dir().join(name), bytes).unwrap();
+    }
+    ingest
+}
+
+#[test]
+fn a_fresh_snapshot_restores_while_it_is_sealed_and_its_links_outlive_the_seal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path()).unwrap();
+    let files: &[(&str, &[u8])] = &[("checkpoint.img", b"state"), ("pages.img", b"pages")];
+    let ingest = written(&store, "default+s", files);
+    let fresh = store
+        .publish_fresh(ingest.dir(), "default+s", &sample())
+        .unwrap();
+    assert_eq!(store.seal_state("default+s"), Seal::Sealing);
+    let m = store.fresh_manifest("default+s").unwrap();
+    assert!(m.files.is_empty(), "an unsealed manifest lists no digests");
+
+    let (_, linked) = store
+        .prepare_fresh_restore("default+s", "default+r1")
+        .unwrap()
+        .expect("fresh");
+    // The seal: hashed, committed (its files renamed into blobs), the fresh links removed.
+    let mut sealed = sample();
+    sealed.seal(ingest.dir(), 1).unwrap();
+    let c = commit(&store, ingest);
+    drop(fresh);
+    store.record_identities(&sealed).unwrap();
+    assert_eq!(
+        fs::read(linked.dir().join("pages.img")).unwrap(),
+        b"pages",
+        "a restore's links keep its files"
+    );
+    assert!(!store.fresh_path("default+s").exists());
+    match store.seal_state("default+s") {
+        Seal::Sealed(r) => assert_eq!(r.manifest, c.manifest.digest),
+        other => panic!("{other:?}"),
+    }
+    // Gone fresh: a later restore is told so, and goes by the ref.
+    assert!(store
+        .prepare_fresh_restore("default+s", "default+r2")
+        .unwrap()
+        .is_none());
+    assert!(!store.root().join("restores/default+r2").exists());
+    let r = store
+        .wait_sealed("default+s", Duration::from_secs(1))
+        .unwrap();
+    store
+        .prepare_restore(&store.open_snapshot(&r.manifest).unwrap(), "default+r3")
+        .unwrap();
+}
+
+#[test]
+fn a_seal_that_failed_is_told_once_and_a_lost_one_leaves_no_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path()).unwrap();
+    let ingest = written(&store, "default+f", &[("pages.img", b"pages")]);
+    let fresh = store
+        .publish_fresh(ingest.dir(), "default+f", &sample())
+        .unwrap();
+    store.note_seal_failure("default+f", "disk full");
+    drop((ingest, fresh));
+    let err = store
+        .wait_sealed("default+f", Duration::from_secs(1))
+        .unwrap_err();
+    assert!(err.to_string().contains("disk full"), "{err}");
+    assert_eq!(store.seal_state("default+f"), Seal::Lost, "told once");
+
+    // A shim that died: nobody holds the ingest or the fresh directory.
+    let ingest = written(&store, "default+l", &[("pages.img", b"pages")]);
+    let fresh = store
+        .publish_fresh(ingest.dir(), "default+l", &sample())
+        .unwrap();
+    fresh.hand_over();
+    drop(ingest);
+    let err = store
+        .wait_sealed("default+l", Duration::from_secs(1))
+        .unwrap_err();
+    assert!(err.to_string().contains("never sealed"), "{err}");
+    assert!(
+        !store.fresh_path("default+l").exists(),
+        "its memory is gone"
+    );
+}
+
+#[test]
+fn a_handed_over_fresh_directory_is_kept_by_gc_until_it_is_old() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path()).unwrap();
+    let ingest = written(&store, "default+h", &[("pages.img", b"pages")]);
+    store
+        .publish_fresh(ingest.dir(), "default+h", &sample())
+        .unwrap()
+        .hand_over();
+    drop(ingest);
+    store.gc(&[]).unwrap();
+    assert!(
+        store.fresh_path("default+h").exists(),
+        "its caller forks from it"
+    );
+    let old = std::time::SystemTime::now() - FRESH_MAX_AGE - Duration::from_secs(1);
+    fs::File::open(store.fresh_path("default+h"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    store.gc(&[]).unwrap();
+    assert!(
+        !store.fresh_path("default+h").exists(),
+        "left behind: taken"
+    );
+    store.remove_fresh("default+h").unwrap();
+}
+
+#[test]
+fn a_pointer_names_a_snapshot_by_digest_or_by_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |p: &[u8]| {
+        fs::write(tmp.path().join(POINTER), p).unwrap();
+        Pointer::read(tmp.path())
+    };
+    let digest = oci::sha256_digest(b"x");
+    assert_eq!(
+        write(&Pointer::to_snapshot(&digest).to_bytes()).unwrap(),
+        Some(Pointer::to_snapshot(&digest))
+    );
+    assert_eq!(
+        write(&Pointer::to_token("default+t").to_bytes()).unwrap(),
+        Some(Pointer::to_token("default+t"))
+    );
+    for bad in [
+        r#"{"token":"../x"}"#.to_string(),
+        format!(r#"{{"snapshot":"{digest}","token":"default+t"}}"#),
+        "{}".to_string(),
+    ] {
+        assert!(write(bad.as_bytes()).is_err(), "{bad}");
+    }
 }

@@ -141,6 +141,15 @@ impl Store {
         fs::read_to_string(self.root.join("verified").join(hex)).ok()
     }
 
+    /// Records again what the blobs of `m` look like, after links to their inodes (which
+    /// change their change times) were made or removed by the store itself.
+    pub fn record_identities(&self, m: &Manifest) -> Result<()> {
+        for f in &m.files {
+            self.record_identity(&f.sha256)?;
+        }
+        Ok(())
+    }
+
     /// Records what blob `hex` looks like now that its content is known to match its name.
     pub(super) fn record_identity(&self, hex: &str) -> Result<()> {
         let blob = self.root.join("blobs/sha256").join(hex);

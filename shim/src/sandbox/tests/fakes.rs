@@ -403,6 +403,7 @@ pub(super) fn world_with(configure: impl FnOnce(&mut FakeRuntime)) -> World {
         Arc::new(FakeRecords),
         events.clone(),
         Arc::new(ExitSignal::default()),
+        Default::default(),
     );
     World {
         dir,

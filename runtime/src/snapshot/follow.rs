@@ -1,0 +1,222 @@
+//! Hashing a checkpoint's files while runsc writes them, so that a snapshot is sealed close to
+//! when runsc finishes instead of a whole hashing pass later.
+//!
+//! runsc writes each image file in increasing offset order: `pages.img` through one queue of
+//! `pwrite`s at a rising offset, the state files through buffered `write`s (both generations;
+//! without `--direct`, which the shim never passes). So the bytes below a file's size are
+//! final, except for one case: a short write's remainder is queued again behind at most 128
+//! writes of 256 KiB. The follower therefore stays [`LAG`] behind each file's size until the
+//! writer is done, then reads every file to its end.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use sha2::{Digest, Sha256};
+
+use super::hash::{hex, FileDigest};
+use crate::{Error, Result};
+
+/// How far behind a file's size the follower reads while the writer runs: more than runsc's
+/// queue of writes (128 × 256 KiB) that a retried short write can land behind.
+pub const LAG: u64 = 64 << 20;
+const READ_BUF: usize = 4 << 20;
+const IDLE: Duration = Duration::from_millis(2);
+
+/// A thread hashing the files of a directory as they are written.
+pub struct Follower {
+    done: Arc<AtomicBool>,
+    thread: JoinHandle<Result<BTreeMap<String, FileDigest>>>,
+}
+
+/// One file being followed.
+struct Followed {
+    file: File,
+    hasher: Sha256,
+    offset: u64,
+}
+
+impl Follower {
+    /// Starts following the regular files of `dir` (its top level: runsc's image files), those
+    /// there now and those that appear.
+    pub fn start(dir: &Path) -> Follower {
+        Self::lagging(dir, LAG)
+    }
+
+    fn lagging(dir: &Path, lag: u64) -> Follower {
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (dir, done) = (dir.to_path_buf(), done.clone());
+            std::thread::spawn(move || follow(&dir, lag, &done))
+        };
+        Follower { done, thread }
+    }
+
+    /// The writer has finished: reads every file to its end and returns each file's digest by
+    /// name.
+    pub fn finish(self) -> Result<BTreeMap<String, FileDigest>> {
+        self.done.store(true, Ordering::Release);
+        self.thread.join().unwrap_or_else(|_| {
+            Err(Error::io(
+                "hash the checkpoint while it was written",
+                std::io::Error::other("the hashing thread panicked"),
+            ))
+        })
+    }
+
+    /// Stops without a result (the checkpoint failed).
+    pub fn cancel(self) {
+        self.done.store(true, Ordering::Release);
+        let _ = self.thread.join();
+    }
+}
+
+fn follow(dir: &Path, lag: u64, done: &AtomicBool) -> Result<BTreeMap<String, FileDigest>> {
+    let mut files: BTreeMap<String, Followed> = BTreeMap::new();
+    let mut buf = vec![0u8; READ_BUF];
+    loop {
+        // Read before the sizes: once it is set, every size seen after is final.
+        let last_round = done.load(Ordering::Acquire);
+        discover(dir, &mut files)?;
+        let mut progressed = false;
+        for (name, f) in files.iter_mut() {
+            let size = f
+                .file
+                .metadata()
+                .map_err(|e| Error::io(format!("stat {}", dir.join(name).display()), e))?
+                .len();
+            let until = if last_round {
+                size
+            } else {
+                size.saturating_sub(lag)
+            };
+            progressed |= f.read_until(until, &mut buf, &dir.join(name))?;
+        }
+        if last_round {
+            break;
+        }
+        if !progressed {
+            std::thread::sleep(IDLE);
+        }
+    }
+    Ok(files
+        .into_iter()
+        .map(|(name, f)| {
+            let digest = FileDigest {
+                size: f.offset,
+                sha256: hex(&f.hasher.finalize().into()),
+                chunks: Vec::new(),
+            };
+            (name, digest)
+        })
+        .collect())
+}
+
+/// Opens the files of `dir` not yet followed.
+fn discover(dir: &Path, files: &mut BTreeMap<String, Followed>) -> Result<()> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if files.contains_key(&name) || name.starts_with('.') {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path: PathBuf = entry.path();
+        let file =
+            File::open(&path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        files.insert(
+            name,
+            Followed {
+                file,
+                hasher: Sha256::new(),
+                offset: 0,
+            },
+        );
+    }
+    Ok(())
+}
+
+impl Followed {
+    /// Hashes the file up to `until`: whether anything was read.
+    fn read_until(&mut self, until: u64, buf: &mut [u8], path: &Path) -> Result<bool> {
+        let start = self.offset;
+        while self.offset < until {
+            let want = (until - self.offset).min(buf.len() as u64) as usize;
+            let n = self
+                .file
+                .read_at(&mut buf[..want], self.offset)
+                .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+            if n == 0 {
+                return Err(Error::io(
+                    format!("read {}", path.display()),
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "file shrank while being hashed",
+                    ),
+                ));
+            }
+            self.hasher.update(&buf[..n]);
+            self.offset += n as u64;
+        }
+        Ok(self.offset > start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+    use crate::snapshot::hash::{hash_files, sha256_hex};
+
+    /// A writer appending in pieces while the follower runs gets the digests a hash of the
+    /// finished files gives, whatever the timing.
+    #[test]
+    fn files_written_while_followed_get_their_plain_sha256() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("before"), b"there first").unwrap();
+        let lag = 1 << 20;
+        let follower = Follower::lagging(dir.path(), lag);
+        let mut pages = File::create(dir.path().join("pages.img")).unwrap();
+        let mut meta = File::create(dir.path().join("pages_meta.img")).unwrap();
+        let mut expected = Vec::new();
+        for i in 0..48 {
+            let block: Vec<u8> = (0..lag / 4).map(|k| ((k * 31 + i) % 251) as u8).collect();
+            pages.write_all(&block).unwrap();
+            expected.extend_from_slice(&block);
+            meta.write_all(format!("{i}\n").as_bytes()).unwrap();
+        }
+        drop((pages, meta));
+        // A file that appears at the very end is hashed whole too.
+        std::fs::write(dir.path().join("checkpoint.img"), b"state").unwrap();
+        let got = follower.finish().unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got["pages.img"].sha256, sha256_hex(&expected));
+        assert_eq!(got["pages.img"].size, expected.len() as u64);
+        for name in ["before", "pages_meta.img", "checkpoint.img"] {
+            let whole = hash_files(&[dir.path().join(name)], 1).unwrap();
+            assert_eq!(got[name], whole[0], "{name}");
+        }
+    }
+
+    #[test]
+    fn temporary_files_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(".chalk-manifest.json.tmp"), b"x").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let got = Follower::start(dir.path()).finish().unwrap();
+        assert!(got.is_empty());
+    }
+}
