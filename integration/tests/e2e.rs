@@ -115,6 +115,7 @@ fn main() {
         faults::fault_delete_while_forking_is_never_corrupt,
         faults::fault_resume_racing_a_delete_ends_one_way,
         faults::fault_shim_killed_at_each_stage_of_a_snapshot_fails_cleanly,
+        faults::fault_forks_run_while_their_snapshot_is_sealed,
         faults::fault_shim_or_sandbox_killed_during_a_restore_leaves_no_fork,
         faults::fault_containerd_restarted_with_twenty_sandboxes,
     ];

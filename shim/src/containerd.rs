@@ -3,6 +3,8 @@
 //! refuses an image whose name now points at another digest) and a label on its record (when
 //! its lifetime ends). Behind a trait, so the Task layer is tested without containerd.
 
+use std::sync::Mutex;
+
 use chalk_client::containerd::Client;
 use chalk_runtime::snapshot::{manifest::ImageRef, oci::Descriptor};
 
@@ -27,20 +29,44 @@ pub struct SnapshotFacts {
     pub snapshotter: String,
 }
 
-/// The containerd that started the shim.
+/// The containerd that started the shim, over one connection kept for the shim's life (a
+/// connection costs a runtime's threads and a handshake: a few milliseconds of every
+/// checkpoint and restore).
 pub struct Containerd {
-    pub address: String,
-    pub namespace: String,
+    address: String,
+    namespace: String,
+    client: Mutex<Option<Client>>,
 }
 
 impl Containerd {
-    fn client(&self) -> Result<Client> {
+    pub fn new(address: &str, namespace: &str) -> Self {
+        Containerd {
+            address: address.to_string(),
+            namespace: namespace.to_string(),
+            client: Mutex::new(None),
+        }
+    }
+
+    fn connect(&self) -> Result<Client> {
         if self.address.is_empty() {
             return Err(ShimError::FailedPrecondition(
                 "the shim was not given containerd's address: cannot ask containerd".into(),
             ));
         }
         Client::connect(&self.address, &self.namespace).map_err(asked)
+    }
+
+    /// `ask` of containerd, on the kept connection; once more on a new one when it fails (a
+    /// containerd restarted since).
+    fn ask<T>(&self, ask: impl Fn(&Client) -> chalk_client::Result<T>) -> Result<T> {
+        let mut kept = self.client.lock().unwrap();
+        if let Some(client) = kept.as_ref() {
+            if let Ok(answer) = ask(client) {
+                return Ok(answer);
+            }
+        }
+        let client = kept.insert(self.connect()?);
+        ask(client).map_err(asked)
     }
 }
 
@@ -50,33 +76,27 @@ fn asked(e: chalk_client::Error) -> ShimError {
 
 impl Records for Containerd {
     fn image_of(&self, id: &str) -> Result<Option<ImageRef>> {
-        self.client()?.image_of(id).map_err(asked)
+        self.ask(|c| c.image_of(id))
     }
 
     fn set_label(&self, id: &str, key: &str, value: &str) -> Result<()> {
-        self.client()?
-            .set_container_label(id, key, Some(value))
-            .map_err(asked)
+        self.ask(|c| c.set_container_label(id, key, Some(value)))
     }
 
     fn snapshot_facts(&self, id: &str) -> Result<SnapshotFacts> {
-        let client = self.client()?;
-        let container = client.container(id).map_err(asked)?;
+        let (container, base) = self.ask(|c| {
+            let container = c.container(id)?;
+            let base = match container.image.as_str() {
+                "" => None,
+                image => Some(chalk_client::records::snapshots::base_image(c, image)?.1),
+            };
+            Ok((container, base))
+        })?;
         let (spec_type, spec) = container
             .spec
             .map(|s| (s.type_url, s.value))
             .unwrap_or_default();
-        let base = if container.image.is_empty() {
-            None
-        } else {
-            let (_, d) = chalk_client::records::snapshots::base_image(&client, &container.image)
-                .map_err(asked)?;
-            Some(Descriptor::new(
-                &d.media_type,
-                &d.digest,
-                d.size.max(0) as u64,
-            ))
-        };
+        let base = base.map(|d| Descriptor::new(&d.media_type, &d.digest, d.size.max(0) as u64));
         Ok(SnapshotFacts {
             spec,
             spec_type,

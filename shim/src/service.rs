@@ -150,10 +150,7 @@ impl Shim for Service {
     fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
         reaper::start();
         let events = EventSender::spawn(publisher, self.namespace.clone());
-        let records = Containerd {
-            address: self.address.clone(),
-            namespace: self.namespace.clone(),
-        };
+        let records = Containerd::new(&self.address, &self.namespace);
         TaskService(Sandboxes::new(
             &self.namespace,
             &self.address,

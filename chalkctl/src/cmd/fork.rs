@@ -72,32 +72,16 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                     (forks, Some((None, false)))
                 }
                 (None, Some(source)) => {
-                    // What would refuse the forks is found before the snapshot is taken.
-                    fork::check_ids(fork_id.as_deref(), source, *count)?;
-                    let snap = snapshot::create(&mut client, source, Vec::new(), false, &progress)?;
-                    let forks = fork::fork(
+                    // The forks start from runsc's files while the snapshot is sealed.
+                    let (forks, snap) = fork_running::fork_running_keeping(
                         &mut client,
-                        &snap.digest,
+                        source,
                         fork_id.as_deref(),
                         *count,
                         &opts,
                         &progress,
-                    );
-                    if !keep_snapshot {
-                        // Whatever became of the forks: it holds the sandbox's memory.
-                        match snapshots::delete(&client, &snap) {
-                            Ok(gc) => progress.step(&format!(
-                                "deleted the intermediate snapshot {} ({} freed)",
-                                progress::short(&snap.digest),
-                                progress::megabytes(gc.bytes_freed)
-                            )),
-                            Err(e) => eprintln!(
-                                "chalkctl: the intermediate snapshot {} was kept: {e}",
-                                snap.digest
-                            ),
-                        }
-                    }
-                    (forks?, Some((Some(snap.digest), *keep_snapshot)))
+                    )?;
+                    (forks, Some((Some(snap.digest), true)))
                 }
                 (None, None) => return Err("give --snapshot-id, --snapshot REF or --id".into()),
             };

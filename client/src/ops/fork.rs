@@ -372,6 +372,22 @@ pub fn fork_to(
     pid
 }
 
+/// One fork of `p` as `new` on `io` (a fork of a checkpoint kept as no snapshot), removed
+/// whole when it fails.
+pub(crate) fn one_to(
+    client: &Client,
+    p: &Parts,
+    new: &str,
+    io: &Stdio,
+    size: Option<(u32, u32)>,
+) -> Result<u32> {
+    let pid = one(client, p, new, None, "", Some((io, size)));
+    if pid.is_err() {
+        undo(client, &p.snapshotter, new);
+    }
+    pid
+}
+
 /// Makes fork `new` and reports it; one that fails is removed, whatever it got to.
 fn fork_one(
     client: &Client,

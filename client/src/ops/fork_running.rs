@@ -1,7 +1,9 @@
 //! `chalkctl fork --id`: forks of a running sandbox, made from its checkpoint the moment runsc
 //! has written it. The checkpoint is asked for in the store's fresh directory, so the shim
 //! never seals it (nothing is hashed or kept): the forks hard-link its files and it is removed
-//! once they run, whatever became of them.
+//! once they run, whatever became of them. With `--keep-snapshot` the checkpoint is a snapshot
+//! like any other: the forks start from its files while the shim seals it, and its record is
+//! completed after them.
 
 use std::collections::HashMap;
 
@@ -11,12 +13,88 @@ use super::fork::{
     check_ids, check_memory, fork_ids, fork_pool, host_available_memory, image_config, memory_of,
     pod_members, ForkOptions, Forked, Parts,
 };
+use super::snapshot;
 use crate::{
-    containerd::{runtime_name, Client, Result, RUNTIME},
+    containerd::{runtime_name, Client, Result, Stdio, RUNTIME},
     progress::Progress,
-    records::snapshots::{self, CHECKPOINT_TAR},
+    records::{
+        registry::{Snapshot, Status},
+        snapshots::{self, CHECKPOINT_TAR},
+    },
     Error,
 };
+
+/// A running sandbox's checkpoint in the store's fresh directory, with what its restores
+/// need; removed when dropped (the forks made from it hold their own links to its files).
+pub struct FreshCheckpoint {
+    _dir: FreshDir,
+    pub(crate) parts: Parts,
+    /// The size of runsc's files.
+    pub bytes: u64,
+    /// How long the checkpoint took, from the call.
+    pub elapsed: std::time::Duration,
+}
+
+/// The fresh directory of a checkpoint, removed when dropped, whatever became of its forks.
+struct FreshDir {
+    store: Store,
+    token: String,
+}
+
+impl Drop for FreshDir {
+    fn drop(&mut self) {
+        if let Err(e) = self.store.remove_fresh(&self.token) {
+            eprintln!("chalkctl: {e}");
+        }
+    }
+}
+
+/// Checkpoints running sandbox `source` for forks only: its files in the store's fresh
+/// directory, never sealed. The caller holds a lease.
+pub fn checkpoint_for_forks(
+    client: &Client,
+    source: &str,
+    opts: &ForkOptions,
+    progress: &Progress,
+) -> Result<FreshCheckpoint> {
+    let started = std::time::Instant::now();
+    let container = client.container(source)?;
+    if runtime_name(&container) != RUNTIME {
+        return Err(format!(
+            "sandbox {source} runs {:?}, not {RUNTIME}: only chalk sandboxes can be forked",
+            runtime_name(&container)
+        )
+        .into());
+    }
+    let stamp = crate::clock::now();
+    let store = client.store()?;
+    let token = Store::token(
+        client.namespace(),
+        &format!(
+            "fork-{source}-{}-{}",
+            stamp
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect::<String>(),
+            std::process::id()
+        ),
+    );
+    // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
+    client.mark_spec(&container, chalk_labels::CHECKPOINTED_AT, &stamp)?;
+    let checkpointed = progress.during(
+        &format!("checkpointing {source} (it keeps running)"),
+        || client.checkpoint(source, false, Some(&store.fresh_path(&token))),
+    );
+    let dir = FreshDir { store, token };
+    checkpointed?;
+    let parts = parts_of_running(client, &dir.store, &dir.token, source, opts)?;
+    Ok(FreshCheckpoint {
+        bytes: size_of(&dir.store.fresh_path(&dir.token)),
+        _dir: dir,
+        parts,
+        elapsed: started.elapsed(),
+    })
+}
 
 /// Forks `count` sandboxes of running sandbox `source` (`id`, or ids numbered from it).
 pub fn fork_running(
@@ -28,36 +106,16 @@ pub fn fork_running(
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
     check_ids(id, source, count)?;
-    let container = client.container(source)?;
-    if runtime_name(&container) != RUNTIME {
-        return Err(format!(
-            "sandbox {source} runs {:?}, not {RUNTIME}: only chalk sandboxes can be forked",
-            runtime_name(&container)
-        )
-        .into());
-    }
     let names = crate::records::names::numbered(opts.name.as_deref(), count);
     crate::records::names::check_free(client, &names)?;
     let stamp: String = crate::clock::now()
         .chars()
         .filter(char::is_ascii_digit)
         .collect();
-    let store = client.store()?;
-    let token = Store::token(
-        client.namespace(),
-        &format!("fork-{source}-{stamp}-{}", std::process::id()),
-    );
     client.lease(&format!("chalkctl-fork-{stamp}-{}", std::process::id()))?;
-    // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
-    client.mark_spec(&container, chalk_labels::CHECKPOINTED_AT, &stamp)?;
-    let checkpointed = progress.during(
-        &format!("checkpointing {source} (it keeps running)"),
-        || client.checkpoint(source, false, Some(&store.fresh_path(&token))),
-    );
-    let forks = checkpointed.and_then(|_| {
-        let p = parts_of_running(client, &store, &token, source, opts)?;
+    let forks = checkpoint_for_forks(client, source, opts, progress).and_then(|fresh| {
         check_memory(
-            memory_of(p.manifest.as_ref()),
+            memory_of(fresh.parts.manifest.as_ref()),
             count,
             host_available_memory(),
             opts.force,
@@ -66,14 +124,105 @@ pub fn fork_running(
         progress.step(&format!(
             "checkpoint of {source} written; forking {count} from it"
         ));
-        Ok(fork_pool(client, &p, &ids, &names, "", progress))
+        Ok(fork_pool(client, &fresh.parts, &ids, &names, "", progress))
     });
-    // The forks hold their own links to the files: the checkpoint goes, whatever happened.
-    if let Err(e) = store.remove_fresh(&token) {
-        eprintln!("chalkctl: {e}");
-    }
     client.release();
     forks
+}
+
+/// As [`fork_running`], keeping the checkpoint as a snapshot: the forks start while it is
+/// sealed. A seal that fails after forks were made from its files names them.
+pub fn fork_running_keeping(
+    client: &mut Client,
+    source: &str,
+    id: Option<&str>,
+    count: usize,
+    opts: &ForkOptions,
+    progress: &Progress,
+) -> Result<(Vec<Forked>, Snapshot)> {
+    check_ids(id, source, count)?;
+    let names = crate::records::names::numbered(opts.name.as_deref(), count);
+    crate::records::names::check_free(client, &names)?;
+    let stamp: String = crate::clock::now()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    let begun = snapshot::begin(client, source, Vec::new(), Status::InProgress)?;
+    progress.step(&format!("recorded {} (in_progress)", begun.snap.name));
+    let written = snapshot::write(client, begun, false, progress)?;
+    let forks: Result<Vec<Forked>> = match written.token(client) {
+        Some(token) => (|| {
+            let store = client.store()?;
+            let p = parts_of_running(client, &store, &token, source, opts)?;
+            check_memory(
+                memory_of(p.manifest.as_ref()),
+                count,
+                host_available_memory(),
+                opts.force,
+            )?;
+            progress.step(&format!(
+                "checkpoint of {source} written; forking {count} from it while it is sealed"
+            ));
+            let ids = fork_ids(id, source, &stamp, count);
+            Ok(fork_pool(client, &p, &ids, &names, "", progress))
+        })(),
+        // The checkpoint failed: completing the record says why.
+        None => Ok(Vec::new()),
+    };
+    let snap = snapshot::complete(client, written, progress);
+    client.release();
+    let forks = forks?;
+    let made: Vec<&str> = forks
+        .iter()
+        .filter(|f| f.pid.is_ok())
+        .map(|f| f.id.as_str())
+        .collect();
+    match snap {
+        Ok(snap) => {
+            for fork in &made {
+                client.set_container_label(fork, chalk_labels::FORKED_FROM, Some(&snap.digest))?;
+            }
+            Ok((forks, snap))
+        }
+        Err(e) if made.is_empty() => Err(e),
+        Err(e) => Err(format!(
+            "{e}; {} made from its files before it failed, and run on (their lineage is \
+             sandbox {source})",
+            made.join(", ")
+        )
+        .into()),
+    }
+}
+
+/// One fork of running sandbox `source` as `new`, its stdio on `io` and its terminal sized
+/// `size` before it runs (the demo page's split): its pid, and the checkpoint it came from
+/// (already removed). Removed whole when it fails.
+pub fn fork_running_to(
+    client: &mut Client,
+    source: &str,
+    new: &str,
+    opts: &ForkOptions,
+    io: &Stdio,
+    size: Option<(u32, u32)>,
+) -> Result<(u32, FreshCheckpoint)> {
+    check_ids(Some(new), source, 1)?;
+    client.lease(&format!("chalkctl-fork-{new}"))?;
+    let forked = checkpoint_for_forks(client, source, opts, &Progress::quiet()).and_then(|fresh| {
+        let pid = super::fork::one_to(client, &fresh.parts, new, io, size);
+        pid.map(|pid| (pid, fresh))
+    });
+    client.release();
+    forked
+}
+
+/// Bytes of the regular files under `dir`.
+fn size_of(dir: &std::path::Path) -> u64 {
+    chalk_runtime::snapshot::manifest::list_files(dir)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// What a restore of sandbox `source`'s fresh checkpoint `token` needs: the checkpoint as a

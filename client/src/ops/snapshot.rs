@@ -139,15 +139,37 @@ pub fn pending(client: &Client, name: &str) -> Result<Begun> {
     Ok(Begun { snap, held })
 }
 
-/// Checkpoints the sandbox of a begun snapshot and completes its record (or marks it failed
-/// with the error). With `suspend` the sandbox stops after the checkpoint, its task is removed
-/// (no runsc process is left) and its record names the snapshot it resumes from.
-pub fn finish(
+/// A begun snapshot whose checkpoint Checkpoint has answered for: runsc's files are written
+/// and usable (see [`Written::token`]) while the shim seals them.
+pub struct Written {
+    snap: Snapshot,
+    held: Descriptor,
+    suspend: bool,
+    checkpointed: Result<()>,
+}
+
+impl Written {
+    /// The store token a restore may name the snapshot by before it is sealed (through its
+    /// fresh directory) and after; None when the checkpoint failed.
+    pub fn token(&self, client: &Client) -> Option<String> {
+        self.checkpointed
+            .is_ok()
+            .then(|| Store::token(client.namespace(), &self.snap.name))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.snap.name
+    }
+}
+
+/// Checkpoints the sandbox of a begun snapshot into the store; answers once runsc's files are
+/// written (the seal runs on: [`complete`]).
+pub fn write(
     client: &mut Client,
     begun: Begun,
     suspend: bool,
     progress: &Progress,
-) -> Result<Snapshot> {
+) -> Result<Written> {
     let Begun { mut snap, held } = begun;
     let id = snap.sandbox_id.clone();
     client.lease(&lease_of(&snap.name))?;
@@ -162,9 +184,41 @@ pub fn finish(
     } else {
         format!("checkpointing {id} (it keeps running)")
     };
-    let index = progress.during(&what, || {
+    let checkpointed = progress.during(&what, || {
         checkpoint_into_store(client, &id, &snap.name, &snap.created, suspend)
     });
+    Ok(Written {
+        snap,
+        held,
+        suspend,
+        checkpointed,
+    })
+}
+
+/// Waits for a written snapshot's seal and completes its record (or marks it failed with the
+/// error). With `suspend` the sandbox stopped after the checkpoint: its task is removed (no
+/// runsc process is left) and its record names the snapshot it resumes from.
+pub fn complete(client: &mut Client, written: Written, progress: &Progress) -> Result<Snapshot> {
+    let Written {
+        mut snap,
+        held,
+        suspend,
+        checkpointed,
+    } = written;
+    let id = snap.sandbox_id.clone();
+    let index = match checkpointed {
+        Ok(()) => progress.during("sealing", || sealed_index(client, &id, &snap.name)),
+        Err(e) => {
+            // Stored all the same (containerd failed after the shim): kept.
+            match sealed_index(client, &id, &snap.name) {
+                Ok(index) => {
+                    eprintln!("chalkctl: {e} (after the snapshot was stored: kept)");
+                    Ok(index)
+                }
+                Err(_) => Err(e),
+            }
+        }
+    };
     match index {
         Ok((index, manifest, size)) => {
             progress.step(&format!(
@@ -193,6 +247,18 @@ pub fn finish(
             Err(e)
         }
     }
+}
+
+/// Checkpoints the sandbox of a begun snapshot and completes its record once it is sealed
+/// ([`write`], then [`complete`]).
+pub fn finish(
+    client: &mut Client,
+    begun: Begun,
+    suspend: bool,
+    progress: &Progress,
+) -> Result<Snapshot> {
+    let written = write(client, begun, suspend, progress)?;
+    complete(client, written, progress)
 }
 
 /// Snapshots sandbox `id` and returns the completed snapshot (see [`finish`]).
@@ -254,49 +320,52 @@ pub fn wait(
     }
 }
 
-/// Checkpoints `id` into the snapshot store (the shim moves each file in as a blob and writes
-/// the snapshot's OCI manifest and ref), then stores the index the record points at, in the
-/// form `ctr container restore` reads: a pointer to the stored snapshot as its checkpoint
-/// (a few hundred bytes), the spec, the base image and the snapshot's OCI manifest, each kept
-/// from containerd's garbage collector by the index's labels. Returns the index, the stored
-/// snapshot's manifest digest (the snapshot's id) and the checkpoint's size.
+/// Checkpoints `id` into an ingest directory of the snapshot store; the shim answers once
+/// runsc's files are written, and seals them after (moves each file in as a blob, writes the
+/// snapshot's OCI manifest and, last, its ref).
 fn checkpoint_into_store(
     client: &Client,
     id: &str,
     record: &str,
     created: &str,
     exit: bool,
-) -> Result<(Descriptor, String, u64)> {
+) -> Result<()> {
     let store = client.store()?;
     let token = Store::token(client.namespace(), record);
     let container = client.container(id)?;
     // containerd 1.6 stores the spec on every checkpoint and refuses one it already holds.
     client.mark_spec(&container, chalk_labels::CHECKPOINTED_AT, created)?;
-    let checkpointed = client.checkpoint(id, exit, Some(&store.ingest_path(&token)));
-    // The shim answers once runsc's files are written and seals them after: the snapshot's
-    // id is known once it is sealed (its ref, written last, once every blob is in). With the
-    // ref the snapshot is whole, even if containerd failed at what it did after the shim (a
-    // suspended sandbox is then not lost).
-    let sealed = match store.seal_state(&token) {
+    client
+        .checkpoint(id, exit, Some(&store.ingest_path(&token)))
+        .map(drop)
+}
+
+/// Waits for the seal of snapshot `record` of sandbox `id`, then stores the index the record
+/// points at, in the form `ctr container restore` reads: a pointer to the stored snapshot as
+/// its checkpoint (a few hundred bytes), the spec, the base image and the snapshot's OCI
+/// manifest, each kept from containerd's garbage collector by the index's labels. Returns the
+/// index, the stored snapshot's manifest digest (the snapshot's id) and the checkpoint's size.
+fn sealed_index(client: &Client, id: &str, record: &str) -> Result<(Descriptor, String, u64)> {
+    let store = client.store()?;
+    let token = Store::token(client.namespace(), record);
+    // The snapshot's id is known once it is sealed: its ref, written last, once every blob
+    // is in. With the ref the snapshot is whole, even if containerd failed at what it did
+    // after the shim (a suspended sandbox is then not lost).
+    let r = match store.seal_state(&token) {
         // Not in this store at all: the shim writes to another.
-        Seal::Lost if !store.fresh_path(&token).exists() => Err(Error::from(format!(
-            "the shim of {id} did not store the snapshot in {}: give chalkctl the runtime \
-             options the shim uses (--config, or CHALK_SHIM_CONFIG), whose [snapshot] store \
-             names the store",
-            store.root().display()
-        ))),
+        Seal::Lost if !store.fresh_path(&token).exists() => {
+            return Err(Error::from(format!(
+                "the shim of {id} did not store the snapshot in {}: give chalkctl the runtime \
+                 options the shim uses (--config, or CHALK_SHIM_CONFIG), whose [snapshot] store \
+                 names the store",
+                store.root().display()
+            )))
+        }
         _ => store
             .wait_sealed(&token, SEAL_TIMEOUT)
-            .map_err(|e| Error::from(e.to_string())),
+            .map_err(|e| Error::from(e.to_string()))?,
     };
-    let r = match (checkpointed, sealed) {
-        (Err(e), Err(_)) => return Err(e),
-        (Err(e), Ok(r)) => {
-            eprintln!("chalkctl: {e} (after the snapshot was stored: kept)");
-            r
-        }
-        (Ok(_), sealed) => sealed?,
-    };
+    let container = client.container(id)?;
     let stored = store
         .open_snapshot(&r.manifest)
         .map_err(|e| Error::from(e.to_string()))?;

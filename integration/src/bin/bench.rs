@@ -316,6 +316,10 @@ struct Cycle {
     sealed_vs: Vec<f64>,
     /// `chalkctl fork --id`; runsc alone: its checkpoint and one restore.
     fork_running: Vec<f64>,
+    /// Where a fork's time went in the shim: verifying the snapshot, runsc's restore until
+    /// the sandbox ran.
+    fork_verify: Vec<f64>,
+    fork_runsc: Vec<f64>,
     fork: Vec<f64>,
     fork_loaded: Vec<f64>,
     /// runsc alone's `restore --background`: running, and fully loaded.
@@ -412,6 +416,12 @@ fn chalk_cycle(
             let t = ms(chalk.fork(&digest, &id, 1)?);
             v.fork.push(t);
             v.fork_loaded.push(t + chalk.loading_after_running(&id, 0));
+            if let Some(t) = chalk.timing("verify", &id, 0) {
+                v.fork_verify.push(t["ms"]);
+            }
+            if let Some(t) = chalk.timing("restore", &id, 0) {
+                v.fork_runsc.push(t["running_ms"]);
+            }
             chalk.remove(&id);
             let id = format!("{name}-r{i}");
             let t = chalk.fork_running(&src, &id);
@@ -577,6 +587,22 @@ fn memory_scaling(
             Unit::Millis,
             &ours.fork_loaded,
             &theirs.fork_loaded,
+        );
+        add(
+            "fork: verifying the snapshot (shim)",
+            Unit::Millis,
+            &ours.fork_verify,
+            &none,
+        );
+        add(
+            "fork: runsc restore until running (shim), vs runsc alone's",
+            Unit::Millis,
+            &ours.fork_runsc,
+            if theirs.fork_lazy.is_empty() {
+                &theirs.fork
+            } else {
+                &theirs.fork_lazy
+            },
         );
         if !theirs.fork_lazy.is_empty() {
             add(

@@ -725,6 +725,114 @@ pub fn fault_shim_killed_at_each_stage_of_a_snapshot_fails_cleanly(e: &Env) -> T
     Ok(())
 }
 
+/// `fork --id --keep-snapshot` with the seal held (the shim's seal stopped at its fault point):
+/// the fork runs from runsc's files while the snapshot is still in progress; released, the
+/// snapshot completes, names its fork, and forks again from the store. Then the same with the
+/// shim killed during the seal: the fork made meanwhile runs on and the error names it.
+pub fn fault_forks_run_while_their_snapshot_is_sealed(e: &Env) -> TestResult {
+    let src = "seal-src";
+    let result = (|| {
+        filled(e, src, 32)?;
+        e.c.arm_fault(src, "seal").map_err(|e| e.to_string())?;
+        let cli = spawn_chalkctl(
+            e,
+            &[
+                "fork",
+                "--id",
+                src,
+                "--fork-id",
+                "seal-f",
+                "--keep-snapshot",
+            ],
+        )?;
+        ensure!(
+            e.c.fault_reached(src, "seal", Duration::from_secs(60)),
+            "the seal of {src}'s snapshot never began"
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while e.task_status("seal-f").as_deref() != Some("RUNNING") {
+            ensure!(
+                Instant::now() < deadline,
+                "seal-f does not run while the seal is held: {:?}",
+                e.task_status("seal-f")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let records = records_of(e, src)?;
+        ensure!(
+            records.iter().any(|r| r["status"] == "in_progress"),
+            "the fork ran, yet no snapshot of {src} is in progress: {records:?}"
+        );
+        let n = e.count("seal-f")?;
+        e.count_reaches("seal-f", n + 1)?;
+        e.c.disarm_fault(src, "seal");
+        let out = cli.wait_with_output().map_err(|e| e.to_string())?;
+        ensure!(
+            out.status.success(),
+            "chalkctl fork --keep-snapshot: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        let digest = said["snapshot"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        ensure!(digest.starts_with("sha256:"), "no snapshot id: {said}");
+        let got = e.chalkctl_json(&["get", "--id", "seal-f"])?;
+        ensure!(
+            got["parent_snapshot_id"] == digest.as_str(),
+            "the fork's lineage: {got}"
+        );
+        e.chalkctl_json(&["fork", "--snapshot-id", &digest, "--fork-id", "seal-g"])?;
+        ensure!(
+            e.task_status("seal-g").as_deref() == Some("RUNNING"),
+            "seal-g from the kept snapshot: {:?}",
+            e.task_status("seal-g")
+        );
+
+        // The shim killed while it seals: the fork made meanwhile is named and runs on.
+        e.run_detached("seal-src2", &["sh", "-c", COUNTER])?;
+        e.count_reaches("seal-src2", 2)?;
+        let out = shim_killed_at(
+            e,
+            "seal-src2",
+            "seal",
+            &[
+                "fork",
+                "--id",
+                "seal-src2",
+                "--fork-id",
+                "seal-h",
+                "--keep-snapshot",
+            ],
+        )?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && said.contains("seal-h") && said.contains("run on"),
+            "chalkctl fork with its seal killed: {said}"
+        );
+        ensure!(
+            e.task_status("seal-h").as_deref() == Some("RUNNING"),
+            "seal-h: {:?}",
+            e.task_status("seal-h")
+        );
+        let left: Vec<String> = std::fs::read_dir(e.c.snapshot_store().join("fresh"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|d| d.file_name().to_string_lossy().into_owned())
+            .collect();
+        ensure!(left.is_empty(), "fresh files left in the store: {left:?}");
+        Ok(())
+    })();
+    e.c.disarm_fault(src, "seal");
+    for id in ["seal-f", "seal-g", "seal-h", "seal-src2", src] {
+        let _ = e.chalkctl(&["rm", "--id", id, "--force"]);
+    }
+    result
+}
+
 /// The restores directory of the store holds nothing of `id` (a gc ran since).
 fn no_restore_dir_left(e: &Env, id: &str) -> TestResult {
     let dir = e.c.snapshot_store().join("restores");

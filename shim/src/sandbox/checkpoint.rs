@@ -129,8 +129,9 @@ impl Sandboxes {
         manifest.terminal = c.state.lock().unwrap().init.io.terminal_state();
         let started = Instant::now();
         chalk_runtime::fault::point("checkpoint", &c.id);
-        // runsc's files are hashed as they are written: the seal ends soon after runsc does.
-        let follower = Follower::start(&dir);
+        // runsc's files are hashed as they are written: the seal ends soon after runsc does
+        // (a checkpoint never sealed is not hashed at all).
+        let follower = seal.then(|| Follower::start(&dir));
         let outcome = if want.exit {
             self.suspend(&c, &dir)
         } else {
@@ -155,7 +156,7 @@ impl Sandboxes {
         let follower = match outcome {
             Ok(()) => follower,
             Err(e) => {
-                follower.cancel();
+                cancel(follower);
                 dir::empty(&dir);
                 if !want.exit {
                     let _ = put_back("after a failed checkpoint");
@@ -172,14 +173,14 @@ impl Sandboxes {
             }));
         }
         if let Err(e) = manifest::restrict_permissions(&dir) {
-            follower.cancel();
+            cancel(follower);
             dir::empty(&dir);
             return Err(e.into());
         }
         if !want.exit {
             // The snapshot is written, but a source left without its GPU state fails it.
             if let Err(e) = put_back("after the checkpoint") {
-                follower.cancel();
+                cancel(follower);
                 dir::empty(&dir);
                 return Err(e);
             }
@@ -191,7 +192,7 @@ impl Sandboxes {
         let op = if want.exit { "suspend" } else { "snapshot" };
         let Some((store, ingest)) = ingest else {
             // A directory outside the store: sealed here, before the reply.
-            let known = finish_hashing(&c.id, follower);
+            let known = follower.map_or_else(Default::default, |f| finish_hashing(&c.id, f));
             chalk_runtime::fault::point("seal", &c.id);
             if let Err(e) = manifest.seal_with(&dir, &known, 0) {
                 dir::empty(&dir);
@@ -214,7 +215,7 @@ impl Sandboxes {
         let fresh = match store.publish_fresh(ingest.dir(), &token, &manifest) {
             Ok(fresh) => fresh,
             Err(e) => {
-                follower.cancel();
+                cancel(follower);
                 return Err(e.into());
             }
         };
@@ -227,8 +228,7 @@ impl Sandboxes {
             let pointer = Pointer::to_token(&token);
             chalk_runtime::bundle::write_private(&theirs.join(POINTER), &pointer.to_bytes())?;
         }
-        if !seal {
-            follower.cancel();
+        let Some(follower) = follower.filter(|_| seal) else {
             fresh.hand_over();
             drop(ingest);
             log::info!(
@@ -239,7 +239,7 @@ impl Sandboxes {
             );
             self.checkpointed(&c.id, &dir);
             return Ok(());
-        }
+        };
         // What the stored snapshot records of the container, asked before the reply: a
         // suspended container may be gone by the time the seal ends.
         let facts = match self.records().snapshot_facts(&c.id) {
@@ -614,4 +614,11 @@ fn process_alive(pid: u32) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next())
         .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+}
+
+/// Stops a follower, if one runs (the checkpoint failed).
+fn cancel(follower: Option<Follower>) {
+    if let Some(f) = follower {
+        f.cancel();
+    }
 }

@@ -164,6 +164,12 @@ impl Sandboxes {
                 ""
             }
         );
+        log::info!(
+            "chalk-timing op=verify id={} ms={} fresh={}",
+            to.id,
+            started.elapsed().as_millis(),
+            what.ends_with("(fresh)")
+        );
         chalk_runtime::fault::point("verified", to.id);
         Ok(RestoreFrom {
             dir: from.to_path_buf(),

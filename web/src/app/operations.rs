@@ -6,10 +6,7 @@ use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use chalk_client::{
     containerd::{Client, Stdio},
-    ops::{
-        fork::{self, ForkOptions},
-        resume, run, snapshot,
-    },
+    ops::{fork::ForkOptions, fork_running, resume, run, snapshot},
     progress::Progress,
     records::snapshots,
 };
@@ -365,7 +362,8 @@ impl App {
     }
 }
 
-/// The split itself: snapshot `from` (running on), fork it as `new`; the times it took.
+/// The split itself: checkpoint `from` (running on), fork it as `new` from runsc's files as
+/// soon as they are written (the checkpoint is never kept as a snapshot); the times it took.
 fn split_blocking(
     app: &App,
     client: &mut Client,
@@ -374,20 +372,18 @@ fn split_blocking(
     size: (u32, u32),
 ) -> ApiResult<(u32, Value, Option<String>)> {
     let started = Instant::now();
-    let labels = app.snapshot_labels(new);
-    let snap = snapshot::create(client, from, labels, false, &Progress::quiet())?;
-    let snapshot_ms = millis(started);
-    let bytes = snapshot_bytes(client, &snap);
-    let restoring = Instant::now();
-    let pid = fork::fork_to(
+    let (pid, checkpoint) = fork_running::fork_running_to(
         client,
-        &snap.digest,
+        from,
         new,
         &ForkOptions::default(),
         stdio,
         Some(size),
     )?;
-    let restore_ms = millis(restoring);
+    let snapshot_ms = checkpoint.elapsed.as_millis() as u64;
+    let restore_ms = millis(started).saturating_sub(snapshot_ms);
+    let bytes = checkpoint.bytes;
+    drop(checkpoint);
     if let Err(e) = client.set_container_label(new, OWNER_LABEL, Some(&app.owner())) {
         remove_sandbox(client, "", new);
         return Err(e.into());
