@@ -234,9 +234,18 @@ fn parts_of_running(
     source: &str,
     opts: &ForkOptions,
 ) -> Result<Parts> {
-    let manifest = store
-        .fresh_manifest(token)
-        .map_err(|e| Error::from(format!("the checkpoint of {source}: {e}")))?;
+    let bad = |e: chalk_runtime::Error| Error::from(format!("the checkpoint of {source}: {e}"));
+    let manifest = match store.fresh_manifest(token) {
+        Ok(m) => m,
+        // Sealed already (a small one seals in milliseconds): the stored manifest is the same.
+        Err(_) if !store.fresh_path(token).exists() => {
+            let r = store
+                .wait_sealed(token, super::snapshot::SEAL_TIMEOUT)
+                .map_err(bad)?;
+            store.open_snapshot(&r.manifest).map_err(bad)?.manifest
+        }
+        Err(e) => return Err(bad(e)),
+    };
     let container = client.container(source)?;
     let (image, base) = snapshots::base_image(client, &container.image)?;
     let pointer = snapshots::tar_of_pointer(&Pointer::to_token(token))?;

@@ -10,7 +10,7 @@ use chalk_runtime::snapshot::store::{Seal, Store};
 
 /// How long a snapshot may take to be sealed once runsc has written it (hashing runs at
 /// about 1.4 GB/s a core, most of it while runsc writes).
-const SEAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
+pub(crate) const SEAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
 
 use crate::records::registry::{self, Snapshot, Status};
 use containerd_client::types::Descriptor;

@@ -314,6 +314,8 @@ struct Cycle {
     /// the longer of its checkpoint and openssl's sha256 of its files on one core.
     sealing: Vec<f64>,
     sealed_vs: Vec<f64>,
+    /// The shim's work on a snapshot before runsc's checkpoint.
+    before: Vec<f64>,
     /// `chalkctl fork --id`; runsc alone: its checkpoint and one restore.
     fork_running: Vec<f64>,
     /// Where a fork's time went in the shim: verifying the snapshot, runsc's restore until
@@ -350,7 +352,25 @@ fn snapshots(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, Stri
             &ours.forkable,
             &theirs.forkable,
         ),
+        (
+            "snapshot: the shim before runsc's checkpoint",
+            Unit::Millis,
+            &ours.before,
+            &Vec::new(),
+        ),
+        (
+            "snapshot: runsc's checkpoint (shim), vs runsc alone",
+            Unit::Millis,
+            &ours.paused,
+            &theirs.paused,
+        ),
         ("fork, 1", Unit::Millis, &ours.fork, &theirs.fork),
+        (
+            "fork: runsc restore until running (shim), vs runsc alone",
+            Unit::Millis,
+            &ours.fork_runsc,
+            &theirs.fork,
+        ),
         (
             "`fork --id` (snapshot + fork), vs checkpoint + restore",
             Unit::Millis,
@@ -408,6 +428,7 @@ fn chalk_cycle(
             if let Some(t) = chalk.timing("snapshot", &src, i) {
                 v.paused.push(t["runsc_ms"]);
                 v.sealing.push(t["hash_ms"]);
+                v.before.push(t["before_ms"]);
                 let waited = t["sealed_ms"] - t["usable_ms"];
                 v.forkable
                     .push(v.snapshot.last().copied().unwrap_or(0.0) - waited);

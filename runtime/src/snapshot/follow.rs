@@ -35,6 +35,7 @@ const IDLE: Duration = Duration::from_millis(2);
 /// A thread hashing the files of a directory as they are written.
 pub struct Follower {
     done: Arc<AtomicBool>,
+    cancelled: Arc<AtomicBool>,
     thread: JoinHandle<Result<BTreeMap<String, FileDigest>>>,
 }
 
@@ -54,11 +55,16 @@ impl Follower {
 
     fn lagging(dir: &Path, lag: u64) -> Follower {
         let done = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (dir, done) = (dir.to_path_buf(), done.clone());
-            std::thread::spawn(move || follow(&dir, lag, &done))
+            let (dir, done, cancelled) = (dir.to_path_buf(), done.clone(), cancelled.clone());
+            std::thread::spawn(move || follow(&dir, lag, &done, &cancelled))
         };
-        Follower { done, thread }
+        Follower {
+            done,
+            cancelled,
+            thread,
+        }
     }
 
     /// The writer has finished: reads every file to its end and returns each file's digest by
@@ -73,17 +79,26 @@ impl Follower {
         })
     }
 
-    /// Stops without a result (the checkpoint failed).
+    /// Stops at once, without a result (the checkpoint failed).
     pub fn cancel(self) {
+        self.cancelled.store(true, Ordering::Release);
         self.done.store(true, Ordering::Release);
         let _ = self.thread.join();
     }
 }
 
-fn follow(dir: &Path, lag: u64, done: &AtomicBool) -> Result<BTreeMap<String, FileDigest>> {
+fn follow(
+    dir: &Path,
+    lag: u64,
+    done: &AtomicBool,
+    cancelled: &AtomicBool,
+) -> Result<BTreeMap<String, FileDigest>> {
     let mut files: BTreeMap<String, Followed> = BTreeMap::new();
     let mut buf = vec![0u8; READ_BUF];
     loop {
+        if cancelled.load(Ordering::Acquire) {
+            return Ok(BTreeMap::new());
+        }
         // Read before the sizes: once it is set, every size seen after is final.
         let last_round = done.load(Ordering::Acquire);
         discover(dir, &mut files)?;
@@ -99,7 +114,7 @@ fn follow(dir: &Path, lag: u64, done: &AtomicBool) -> Result<BTreeMap<String, Fi
             } else {
                 size.saturating_sub(lag)
             };
-            progressed |= f.read_until(until, &mut buf, &dir.join(name))?;
+            progressed |= f.read_until(until, &mut buf, &dir.join(name), cancelled)?;
         }
         if last_round {
             break;
@@ -150,9 +165,15 @@ fn discover(dir: &Path, files: &mut BTreeMap<String, Followed>) -> Result<()> {
 
 impl Followed {
     /// Hashes the file up to `until`: whether anything was read.
-    fn read_until(&mut self, until: u64, buf: &mut [u8], path: &Path) -> Result<bool> {
+    fn read_until(
+        &mut self,
+        until: u64,
+        buf: &mut [u8],
+        path: &Path,
+        cancelled: &AtomicBool,
+    ) -> Result<bool> {
         let start = self.offset;
-        while self.offset < until {
+        while self.offset < until && !cancelled.load(Ordering::Relaxed) {
             let want = (until - self.offset).min(buf.len() as u64) as usize;
             let n = self
                 .file
@@ -209,6 +230,20 @@ mod tests {
             let whole = hash_files(&[dir.path().join(name)], 1).unwrap();
             assert_eq!(got[name], whole[0], "{name}");
         }
+    }
+
+    #[test]
+    fn a_cancelled_follower_stops_without_reading_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = File::create(dir.path().join("pages.img")).unwrap();
+        big.set_len(8 << 30).unwrap();
+        let follower = Follower::lagging(dir.path(), 0);
+        let started = std::time::Instant::now();
+        follower.cancel();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "hashing 8 GiB takes longer than a cancel may"
+        );
     }
 
     #[test]

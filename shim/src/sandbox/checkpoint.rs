@@ -46,6 +46,7 @@ impl Sandboxes {
     /// Checkpoints the sandbox of `id` into `path` (containerd's directory) or the request's
     /// `image_path`. The source keeps running unless the request asks for `exit` (suspend).
     pub fn checkpoint(&self, id: &str, path: &str, want: CheckpointRequest) -> Result<()> {
+        let asked_at = Instant::now();
         let c = self.container(id)?;
         if c.in_pod() {
             return Err(ShimError::FailedPrecondition(format!(
@@ -260,6 +261,7 @@ impl Sandboxes {
             started,
             runsc_time,
             usable_time,
+            before_runsc: started - asked_at,
         };
         self.inner
             .seals

@@ -57,6 +57,8 @@ pub(super) struct Sealing {
     pub started: Instant,
     pub runsc_time: Duration,
     pub usable_time: Duration,
+    /// What the checkpoint did before runsc's (checks, hooks, the manifest's account).
+    pub before_runsc: Duration,
 }
 
 impl Sealing {
@@ -84,10 +86,11 @@ impl Sealing {
                     committed.reused
                 );
                 log::info!(
-                    "chalk-timing op={} id={} runsc_ms={} usable_ms={} hash_ms={} store_ms=0 \
+                    "chalk-timing op={} id={} before_ms={} runsc_ms={} usable_ms={} hash_ms={} \
                      sealed_ms={} bytes={}",
                     self.op,
                     self.id,
+                    self.before_runsc.as_millis(),
                     self.runsc_time.as_millis(),
                     self.usable_time.as_millis(),
                     (sealed_time - self.runsc_time).as_millis(),

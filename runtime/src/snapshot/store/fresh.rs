@@ -253,6 +253,10 @@ impl Store {
             ));
         }
         let dir = self.fresh_path(token);
+        // A lock a dead shim left beside it goes too (a live seal holds it: kept).
+        if let Some(lock) = Lock::try_take(&lock_path(&dir)) {
+            lock.remove();
+        }
         match fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
