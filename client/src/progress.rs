@@ -29,7 +29,7 @@ impl Progress {
     /// One line: the time since the command began, and `what`.
     pub fn step(&self, what: &str) {
         if self.shown {
-            eprintln!("[{:>6.2}s] {what}", self.started.elapsed().as_secs_f64());
+            eprintln!("[{:>7.3}s] {what}", self.started.elapsed().as_secs_f64());
         }
     }
 

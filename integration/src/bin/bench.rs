@@ -188,6 +188,10 @@ fn run(o: &Opts) -> Result<(), String> {
     if o.runs("shim") {
         groups.push(shim_memory(o, &chalk, &runc)?);
     }
+    // Not part of a full run: where a small sandbox's operations spend their time.
+    if o.only.iter().any(|g| g == "trace") {
+        trace(&chalk)?;
+    }
     let hashing = if o.runs("hashing") {
         vec![hashing(o, c.dir())?]
     } else {
@@ -246,6 +250,47 @@ fn run(o: &Opts) -> Result<(), String> {
     std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("{text}");
     println!("written: {}", path.display());
+    Ok(())
+}
+
+/// Prints chalkctl's progress (its steps, to the millisecond) and the shim's log lines for a
+/// small sandbox's snapshot, fork --id, suspend and resume: where their fixed cost goes.
+fn trace(chalk: &ViaCtr) -> Result<(), String> {
+    say("trace");
+    let src = "trace-src";
+    chalk.remove(src);
+    chalk.run_detached(src, COUNTER)?;
+    chalk.wait_file(src, "/tmp/count", Duration::from_secs(60))?;
+    let shown = |args: &[&str]| -> Result<(), String> {
+        let started = Instant::now();
+        let out = chalk
+            .c
+            .chalkctl_command()
+            .map_err(|e| e.to_string())?
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        println!(
+            "-- chalkctl {} ({:.1} ms, exit {})\n{}",
+            args.join(" "),
+            ms(started.elapsed()),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    for i in 0..3 {
+        shown(&["snapshot", "create", "--id", src])?;
+        let fork = format!("trace-f{i}");
+        shown(&["fork", "--id", src, "--fork-id", &fork])?;
+        chalk.remove(&fork);
+        shown(&["suspend", "--id", src])?;
+        shown(&["resume", "--id", src])?;
+    }
+    chalk.remove(src);
+    for line in chalk.c.log().lines().filter(|l| l.contains("trace-")) {
+        println!("{line}");
+    }
     Ok(())
 }
 
