@@ -91,23 +91,34 @@ pub fn record_index(client: &Client, stored: &Stored, snapshotter: &str) -> Resu
         .subject
         .as_ref()
         .ok_or("the stored snapshot names no base image")?;
-    let snapshot = client.write_blob(
-        oci::MANIFEST,
-        stored.manifest_bytes.clone(),
-        HashMap::from([(BASE_REF.to_string(), base.digest.clone())]),
-    )?;
-    let pointer =
-        client.write_blob(CHECKPOINT_TAR, pointer_tar(&stored.digest)?, HashMap::new())?;
     let note = |k: &str| stored.oci.annotations.get(k).cloned().unwrap_or_default();
     let spec = prost_types::Any {
         type_url: note(chalk_labels::SPEC_TYPE_ANNOTATION),
         value: stored.spec.clone(),
     };
-    let spec = client.write_blob(
-        CHECKPOINT_SPEC,
-        prost::Message::encode_to_vec(&spec),
-        HashMap::new(),
-    )?;
+    let pointer = pointer_tar(&stored.digest)?;
+    // Three independent writes, at once: each is a round trip or more to containerd.
+    let (snapshot, pointer, spec) = std::thread::scope(|s| {
+        let snapshot = s.spawn(|| {
+            client.write_blob(
+                oci::MANIFEST,
+                stored.manifest_bytes.clone(),
+                HashMap::from([(BASE_REF.to_string(), base.digest.clone())]),
+            )
+        });
+        let pointer = s.spawn(|| client.write_blob(CHECKPOINT_TAR, pointer, HashMap::new()));
+        let spec = client.write_blob(
+            CHECKPOINT_SPEC,
+            prost::Message::encode_to_vec(&spec),
+            HashMap::new(),
+        );
+        let joined = |h: std::thread::ScopedJoinHandle<'_, Result<Descriptor>>| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::from("a content write panicked")))
+        };
+        (joined(snapshot), joined(pointer), spec)
+    });
+    let (snapshot, pointer, spec) = (snapshot?, pointer?, spec?);
     let image = stored
         .manifest
         .image

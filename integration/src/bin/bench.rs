@@ -50,13 +50,14 @@ struct Opts {
     only: Vec<String>,
 }
 
-const GROUPS: [&str; 6] = [
+const GROUPS: [&str; 7] = [
     "lifecycle",
     "snapshots",
     "memory",
     "many",
     "shim",
     "hashing",
+    "trace",
 ];
 
 impl Opts {
