@@ -258,14 +258,7 @@ pub fn fork(
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
     let (snap, p) = forkable(client, query, opts, count)?;
-    let stamp: String = crate::clock::now()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect();
-    check_ids(id, &snap.sandbox_id, count)?;
-    let ids = fork_ids(id, &snap.sandbox_id, &stamp, count);
-    let names = crate::records::names::numbered(opts.name.as_deref(), count);
-    crate::records::names::check_free(client, &names)?;
+    let Planned { ids, names, stamp } = plan(client, id, &snap.sandbox_id, count, opts)?;
     let workers = pool_size(count);
     progress.step(&format!(
         "snapshot {} of {} verified; forking {count} ({workers} at a time)",
@@ -275,6 +268,35 @@ pub fn fork(
     // Two chalkctl processes may fork in the same millisecond: the pid keeps leases apart.
     client.lease(&format!("chalkctl-fork-{stamp}-{}", std::process::id()))?;
     Ok(fork_pool(client, &p, &ids, &names, &snap.digest, progress))
+}
+
+/// What `count` forks of sandbox `source` are called, checked before anything is made.
+pub(crate) struct Planned {
+    pub ids: Vec<String>,
+    pub names: Vec<Option<String>>,
+    /// The moment in their ids (and leases).
+    pub stamp: String,
+}
+
+pub(crate) fn plan(
+    client: &Client,
+    id: Option<&str>,
+    source: &str,
+    count: usize,
+    opts: &ForkOptions,
+) -> Result<Planned> {
+    check_ids(id, source, count)?;
+    let names = crate::records::names::numbered(opts.name.as_deref(), count);
+    crate::records::names::check_free(client, &names)?;
+    let stamp: String = crate::clock::now()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    Ok(Planned {
+        ids: fork_ids(id, source, &stamp, count),
+        names,
+        stamp,
+    })
 }
 
 /// Makes forks `ids` (named `names`) of `p`, [`pool_size`] at a time; `snapshot` is what

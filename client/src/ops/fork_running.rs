@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use chalk_runtime::snapshot::store::{Pointer, Store};
 
 use super::fork::{
-    check_ids, check_memory, fork_ids, fork_pool, host_available_memory, image_config, memory_of,
-    pod_members, ForkOptions, Forked, Parts,
+    check_ids, check_memory, fork_pool, host_available_memory, image_config, memory_of, plan,
+    pod_members, ForkOptions, Forked, Parts, Planned,
 };
 use super::snapshot;
 use crate::{
@@ -105,29 +105,46 @@ pub fn fork_running(
     opts: &ForkOptions,
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
-    check_ids(id, source, count)?;
-    let names = crate::records::names::numbered(opts.name.as_deref(), count);
-    crate::records::names::check_free(client, &names)?;
-    let stamp: String = crate::clock::now()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect();
-    client.lease(&format!("chalkctl-fork-{stamp}-{}", std::process::id()))?;
-    let forks = checkpoint_for_forks(client, source, opts, progress).and_then(|fresh| {
-        check_memory(
-            memory_of(fresh.parts.manifest.as_ref()),
-            count,
-            host_available_memory(),
-            opts.force,
-        )?;
-        let ids = fork_ids(id, source, &stamp, count);
-        progress.step(&format!(
-            "checkpoint of {source} written; forking {count} from it"
-        ));
-        Ok(fork_pool(client, &fresh.parts, &ids, &names, "", progress))
-    });
+    let planned = plan(client, id, source, count, opts)?;
+    client.lease(&format!(
+        "chalkctl-fork-{}-{}",
+        planned.stamp,
+        std::process::id()
+    ))?;
+    let forks = checkpoint_for_forks(client, source, opts, progress)
+        .and_then(|fresh| forks_of(client, &fresh.parts, &planned, source, opts, progress));
     client.release();
     forks
+}
+
+/// The forks of `planned` from checkpoint `p` of running sandbox `source`, once the host has
+/// the memory for them.
+fn forks_of(
+    client: &Client,
+    p: &Parts,
+    planned: &Planned,
+    source: &str,
+    opts: &ForkOptions,
+    progress: &Progress,
+) -> Result<Vec<Forked>> {
+    let count = planned.ids.len();
+    check_memory(
+        memory_of(p.manifest.as_ref()),
+        count,
+        host_available_memory(),
+        opts.force,
+    )?;
+    progress.step(&format!(
+        "checkpoint of {source} written; forking {count} from it"
+    ));
+    Ok(fork_pool(
+        client,
+        p,
+        &planned.ids,
+        &planned.names,
+        "",
+        progress,
+    ))
 }
 
 /// As [`fork_running`], keeping the checkpoint as a snapshot: the forks start while it is
@@ -140,13 +157,7 @@ pub fn fork_running_keeping(
     opts: &ForkOptions,
     progress: &Progress,
 ) -> Result<(Vec<Forked>, Snapshot)> {
-    check_ids(id, source, count)?;
-    let names = crate::records::names::numbered(opts.name.as_deref(), count);
-    crate::records::names::check_free(client, &names)?;
-    let stamp: String = crate::clock::now()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect();
+    let planned = plan(client, id, source, count, opts)?;
     let begun = snapshot::begin(client, source, Vec::new(), Status::InProgress)?;
     progress.step(&format!("recorded {} (in_progress)", begun.snap.name));
     let written = snapshot::write(client, begun, false, progress)?;
@@ -154,17 +165,7 @@ pub fn fork_running_keeping(
         Some(token) => (|| {
             let store = client.store()?;
             let p = parts_of_running(client, &store, &token, source, opts)?;
-            check_memory(
-                memory_of(p.manifest.as_ref()),
-                count,
-                host_available_memory(),
-                opts.force,
-            )?;
-            progress.step(&format!(
-                "checkpoint of {source} written; forking {count} from it while it is sealed"
-            ));
-            let ids = fork_ids(id, source, &stamp, count);
-            Ok(fork_pool(client, &p, &ids, &names, "", progress))
+            forks_of(client, &p, &planned, source, opts, progress)
         })(),
         // The checkpoint failed: completing the record says why.
         None => Ok(Vec::new()),

@@ -239,6 +239,9 @@ fn run(o: &Opts) -> Result<(), String> {
          process of its own talking to containerd: what a user types."
             .into(),
     ];
+    if o.runs("memory") {
+        notes.push(writeback_note());
+    }
     if plot.is_none() {
         notes.push("No plot: gnuplot is not installed (`scripts/bench` installs it).".into());
     }
@@ -362,6 +365,8 @@ struct Cycle {
     sealed_vs: Vec<f64>,
     /// The shim's work on a snapshot before runsc's checkpoint.
     before: Vec<f64>,
+    /// The host's dirty and writeback pages (MB) as each checkpoint began.
+    dirty: Vec<f64>,
     /// `chalkctl fork --id`; runsc alone: its checkpoint and one restore.
     fork_running: Vec<f64>,
     /// Where a fork's time went in the shim: verifying the snapshot, runsc's restore until
@@ -468,6 +473,7 @@ fn chalk_cycle(
         chalk.wait_file(&src, "/tmp/count", Duration::from_secs(900))?;
         let mut v = Cycle::default();
         for i in 0..reps {
+            v.dirty.push(dirty_mb());
             let (t, digest, size) = chalk.snapshot(&src)?;
             v.snapshot.push(ms(t));
             v.size.push(size as f64 / 1e6);
@@ -536,6 +542,7 @@ fn alone_cycle(
         for i in 0..reps {
             let _ = std::fs::remove_dir_all(&images);
             let image = images.join(format!("snap-{i}"));
+            v.dirty.push(dirty_mb());
             let t = ms(alone.snapshot(&bundle, &src, &image)?);
             v.snapshot.push(t);
             v.paused.push(t);
@@ -699,6 +706,12 @@ fn memory_scaling(
             &theirs.resume_loaded,
         );
         add("checkpoint size", Unit::Megabytes, &ours.size, &theirs.size);
+        add(
+            "host: dirty and writeback pages as the snapshot began",
+            Unit::Megabytes,
+            &ours.dirty,
+            &theirs.dirty,
+        );
     }
     Ok((
         Group {
@@ -710,8 +723,13 @@ fn memory_scaling(
                  restore`) returns with the sandbox running; \"fully loaded\": until all of its \
                  memory is in (the shim's `runsc wait --restore`; an eager restore is loaded \
                  when it runs). \"source paused\": runsc's checkpoint, during which the source's \
-                 kernel is stopped (the shim's own figure); hashing and storing happen after it \
-                 runs on. runsc alone checkpoints uncompressed, as the shim does.",
+                 kernel is stopped (the shim's own figure); the shim hashes the files while runsc \
+                 writes them and seals the snapshot after (\"sealing after runsc ended\"). \
+                 \"time until forkable\": until a fork could start from runsc's files (the \
+                 command's time less what it then waited for the seal); \"sealed\": until the \
+                 snapshot's id is known, against the longer of runsc's checkpoint and openssl's \
+                 sha256 of its files on one core. runsc alone checkpoints uncompressed, as the \
+                 shim does.",
                 o.mem_reps
             ),
             rows,
@@ -803,6 +821,40 @@ fn many_forks(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, Str
             .into(),
         rows: rows.into(),
     })
+}
+
+/// The host's dirty and writeback pages, in MB.
+fn dirty_mb() -> f64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kb = |key: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (kb("Dirty:") + kb("Writeback:")) * 1024.0 / 1e6
+}
+
+/// A line on the host's writeback limits, which throttle the biggest checkpoints.
+fn writeback_note() -> String {
+    let sysctl = |k: &str| {
+        std::fs::read_to_string(format!("/proc/sys/vm/{k}"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    format!(
+        "Writeback: vm.dirty_background_ratio {}%, vm.dirty_ratio {}% of the host's available \
+         memory ({:.1} GB at the end). A writer whose pages would take the dirty total past \
+         dirty_ratio is made to wait for the disk (the kernel's balance_dirty_pages), runsc's \
+         checkpoint as much as anyone's: a 4096 MB checkpoint written while an earlier one is \
+         still being written back is paced by the disk, in runsc alone as in the shim. The \
+         \"host: dirty and writeback pages\" row says how much was waiting as each \
+         checkpoint began; the spread of the 4096 MB rows follows it, not the shim.",
+        sysctl("dirty_background_ratio"),
+        sysctl("dirty_ratio"),
+        mem_available() as f64 / 1e9
+    )
 }
 
 /// The host's MemAvailable, in bytes.

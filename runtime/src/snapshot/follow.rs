@@ -11,7 +11,6 @@
 use std::{
     collections::BTreeMap,
     fs::File,
-    os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -23,7 +22,7 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
-use super::hash::{hex, FileDigest};
+use super::hash::{hex, read_some, FileDigest};
 use crate::{Error, Result};
 
 /// How far behind a file's size the follower reads while the writer runs: more than runsc's
@@ -175,19 +174,7 @@ impl Followed {
         let start = self.offset;
         while self.offset < until && !cancelled.load(Ordering::Relaxed) {
             let want = (until - self.offset).min(buf.len() as u64) as usize;
-            let n = self
-                .file
-                .read_at(&mut buf[..want], self.offset)
-                .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-            if n == 0 {
-                return Err(Error::io(
-                    format!("read {}", path.display()),
-                    std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "file shrank while being hashed",
-                    ),
-                ));
-            }
+            let n = read_some(&self.file, &mut buf[..want], self.offset, path)?;
             self.hasher.update(&buf[..n]);
             self.offset += n as u64;
         }

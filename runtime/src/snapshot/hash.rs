@@ -185,22 +185,29 @@ fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<[u8;
     let mut done = 0u64;
     while done < len {
         let want = (len - done).min(buf.len() as u64) as usize;
-        let n = file
-            .read_at(&mut buf[..want], offset + done)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        if n == 0 {
-            return Err(Error::io(
-                format!("read {}", path.display()),
-                std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "file shrank while being hashed",
-                ),
-            ));
-        }
+        let n = read_some(&file, &mut buf[..want], offset + done, path)?;
         hasher.update(&buf[..n]);
         done += n as u64;
     }
     Ok(hasher.finalize().into())
+}
+
+/// Reads into `buf` at `offset`: how many bytes, never none (a file shorter than its size said
+/// shrank while it was hashed).
+pub(crate) fn read_some(file: &File, buf: &mut [u8], offset: u64, path: &Path) -> Result<usize> {
+    let n = file
+        .read_at(buf, offset)
+        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    if n == 0 {
+        return Err(Error::io(
+            format!("read {}", path.display()),
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "file shrank while being hashed",
+            ),
+        ));
+    }
+    Ok(n)
 }
 
 pub fn hex(bytes: &[u8; 32]) -> String {
