@@ -35,7 +35,7 @@ const IDLE: Duration = Duration::from_millis(2);
 pub struct Follower {
     done: Arc<AtomicBool>,
     cancelled: Arc<AtomicBool>,
-    thread: JoinHandle<Result<BTreeMap<String, FileDigest>>>,
+    thread: Option<JoinHandle<Result<BTreeMap<String, FileDigest>>>>,
 }
 
 /// One file being followed.
@@ -62,15 +62,16 @@ impl Follower {
         Follower {
             done,
             cancelled,
-            thread,
+            thread: Some(thread),
         }
     }
 
     /// The writer has finished: reads every file to its end and returns each file's digest by
     /// name.
-    pub fn finish(self) -> Result<BTreeMap<String, FileDigest>> {
+    pub fn finish(mut self) -> Result<BTreeMap<String, FileDigest>> {
         self.done.store(true, Ordering::Release);
-        self.thread.join().unwrap_or_else(|_| {
+        let thread = self.thread.take().expect("a follower is finished once");
+        thread.join().unwrap_or_else(|_| {
             Err(Error::io(
                 "hash the checkpoint while it was written",
                 std::io::Error::other("the hashing thread panicked"),
@@ -79,10 +80,25 @@ impl Follower {
     }
 
     /// Stops at once, without a result (the checkpoint failed).
-    pub fn cancel(self) {
+    pub fn cancel(mut self) {
+        self.stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    fn stop(&self) {
         self.cancelled.store(true, Ordering::Release);
         self.done.store(true, Ordering::Release);
-        let _ = self.thread.join();
+    }
+}
+
+/// A follower dropped on a path that neither finished nor cancelled it stops reading.
+impl Drop for Follower {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop();
+        }
     }
 }
 
