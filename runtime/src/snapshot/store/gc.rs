@@ -22,7 +22,8 @@ pub struct GcReport {
 
 impl Store {
     /// Removes what no snapshot needs: ingest and restore directories nobody holds (a crash's
-    /// leftovers), and blobs reachable from no ref, no `extra_roots` manifest and no restore
+    /// leftovers), fresh directories nobody holds once they are [`super::FRESH_MAX_AGE`] old,
+    /// and blobs reachable from no ref, no `extra_roots` manifest and no restore
     /// in progress.
     pub fn gc(&self, extra_roots: &[String]) -> Result<GcReport> {
         let _exclusive = self.lock_store(true)?;
