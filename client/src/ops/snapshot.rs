@@ -10,6 +10,9 @@ use chalk_runtime::snapshot::store::{Seal, Store};
 
 /// How long a snapshot may take to be sealed once runsc has written it (hashing runs at
 /// about 1.4 GB/s a core, most of it while runsc writes).
+/// How long a stored snapshot's record is retried while containerd does not answer.
+const RECORD_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub(crate) const SEAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
 
 use crate::records::registry::{self, Snapshot, Status};
@@ -365,10 +368,19 @@ fn sealed_index(client: &Client, id: &str, record: &str) -> Result<(Descriptor, 
             .wait_sealed(&token, SEAL_TIMEOUT)
             .map_err(|e| Error::from(e.to_string()))?,
     };
-    let container = client.container(id)?;
     let stored = store
         .open_snapshot(&r.manifest)
         .map_err(|e| Error::from(e.to_string()))?;
-    let index = record_index(client, &stored, &container.snapshotter)?;
+    // The snapshot is whole. A containerd restarting (which may be why the checkpoint's answer
+    // was lost) is waited for, so that a suspended sandbox is not left without its record.
+    let deadline = std::time::Instant::now() + RECORD_RETRY;
+    let index = loop {
+        let snapshotter = client.container(id).map(|c| c.snapshotter);
+        match snapshotter.and_then(|s| record_index(client, &stored, &s)) {
+            Ok(index) => break index,
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(500)),
+        }
+    };
     Ok((index, r.manifest, stored.manifest.total_size()))
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use chalk_runtime::snapshot::{
     manifest::ImageRef,
     oci,
-    store::{GcReport, Pointer, Store, Stored, POINTER},
+    store::{GcReport, Pointer, Seal, Store, Stored, POINTER},
     Manifest,
 };
 
@@ -272,7 +272,8 @@ fn settle(client: &Client, s: &mut Snapshot, held: &Descriptor) -> Result<()> {
     let taker = s.owner.as_ref().map_or("the chalkctl".to_string(), |o| {
         format!("the chalkctl (pid {})", o.pid)
     });
-    if let Some(r) = store.find_ref(&token) {
+    let seal = store.seal_state(&token);
+    if let Seal::Sealed(r) = seal {
         let stored = store
             .open_snapshot(&r.manifest)
             .map_err(|e| Error::from(e.to_string()))?;
@@ -305,14 +306,22 @@ fn settle(client: &Client, s: &mut Snapshot, held: &Descriptor) -> Result<()> {
             "chalkctl: snapshot {} was stored but {taker} taking it ended before recording it: completed",
             s.name
         );
-    } else if store.ingest_in_progress(&token) {
+    } else if seal == Seal::Sealing {
+        // Its shim is still writing or sealing it.
         return Ok(());
     } else {
         s.status = Status::Failed;
-        s.error = Some(format!(
-            "{taker} taking it ended before the snapshot was stored: nothing of it was kept; \
-             take it again"
-        ));
+        s.error = Some(match seal {
+            Seal::Failed(why) => format!("it could not be sealed: {why}"),
+            _ => {
+                // Nobody holds what was written of it: it goes.
+                let _ = store.remove_fresh(&token);
+                format!(
+                    "{taker} taking it ended before the snapshot was stored: nothing of it \
+                     was kept; take it again"
+                )
+            }
+        });
         s.owner = None;
         client.update_image(record(s, held.clone()))?;
     }

@@ -47,6 +47,7 @@ impl Sandboxes {
     /// `image_path`. The source keeps running unless the request asks for `exit` (suspend).
     pub fn checkpoint(&self, id: &str, path: &str, want: CheckpointRequest) -> Result<()> {
         let asked_at = Instant::now();
+        let _in_flight = self.inner.seals.begin();
         let c = self.container(id)?;
         if c.in_pod() {
             return Err(ShimError::FailedPrecondition(format!(
@@ -126,6 +127,13 @@ impl Sandboxes {
             Kind::Snapshot
         };
         let mut manifest = self.describe(&c, kind)?;
+        // And what the stored snapshot records of the container: containerd is not asked after
+        // runsc's checkpoint, when a suspended sandbox is already gone (a containerd restarting
+        // then would cost the snapshot).
+        let facts = match (&ingest, seal) {
+            (Some(_), true) => Some(self.records().snapshot_facts(&c.id)?),
+            _ => None,
+        };
         manifest.memory_bytes = memory.ok();
         manifest.terminal = c.state.lock().unwrap().init.io.terminal_state();
         let started = Instant::now();
@@ -229,7 +237,7 @@ impl Sandboxes {
             let pointer = Pointer::to_token(&token);
             chalk_runtime::bundle::write_private(&theirs.join(POINTER), &pointer.to_bytes())?;
         }
-        let Some(follower) = follower.filter(|_| seal) else {
+        let (Some(follower), Some(facts)) = (follower.filter(|_| seal), facts) else {
             fresh.hand_over();
             drop(ingest);
             log::info!(
@@ -240,15 +248,6 @@ impl Sandboxes {
             );
             self.checkpointed(&c.id, &dir);
             return Ok(());
-        };
-        // What the stored snapshot records of the container, asked before the reply: a
-        // suspended container may be gone by the time the seal ends.
-        let facts = match self.records().snapshot_facts(&c.id) {
-            Ok(facts) => facts,
-            Err(e) => {
-                follower.cancel();
-                return Err(e);
-            }
         };
         let sealing = Sealing {
             id: c.id.clone(),

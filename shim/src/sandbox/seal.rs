@@ -6,7 +6,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::Mutex,
+    sync::{Condvar, Mutex},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -24,22 +24,55 @@ use chalk_runtime::snapshot::{
 
 use crate::containerd::SnapshotFacts;
 
-/// The seals this shim runs after their Checkpoint answered.
+/// The checkpoints this shim is taking and the seals it runs after their Checkpoint answered.
 #[derive(Default)]
-pub struct Seals(Mutex<Vec<JoinHandle<()>>>);
+pub struct Seals {
+    state: Mutex<Running>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Running {
+    checkpoints: usize,
+    seals: Vec<JoinHandle<()>>,
+}
+
+/// A checkpoint in progress: the process does not exit until it is dropped.
+pub(super) struct InFlight<'a>(&'a Seals);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap().checkpoints -= 1;
+        self.0.changed.notify_all();
+    }
+}
 
 impl Seals {
-    pub fn spawn(&self, seal: impl FnOnce() + Send + 'static) {
-        let mut running = self.0.lock().unwrap();
-        running.retain(|h| !h.is_finished());
-        running.push(std::thread::spawn(seal));
+    /// Marks a checkpoint begun. A suspended sandbox's task can be deleted, and its shim shut
+    /// down, by a containerd that restarted while its Checkpoint ran: the checkpoint must
+    /// still get to store what runsc wrote.
+    pub(super) fn begin(&self) -> InFlight<'_> {
+        self.state.lock().unwrap().checkpoints += 1;
+        InFlight(self)
     }
 
-    /// Waits for every seal to end: the process exits only after (a suspended sandbox's
-    /// shim is shut down as soon as its task is deleted).
+    pub fn spawn(&self, seal: impl FnOnce() + Send + 'static) {
+        let mut state = self.state.lock().unwrap();
+        state.seals.retain(|h| !h.is_finished());
+        state.seals.push(std::thread::spawn(seal));
+    }
+
+    /// Waits for every checkpoint in progress and every seal to end: the process exits only
+    /// after.
     pub fn wait(&self) {
-        let running = std::mem::take(&mut *self.0.lock().unwrap());
-        for seal in running {
+        let state = self.state.lock().unwrap();
+        let mut state = self
+            .changed
+            .wait_while(state, |s| s.checkpoints > 0)
+            .unwrap();
+        let seals = std::mem::take(&mut state.seals);
+        drop(state);
+        for seal in seals {
             let _ = seal.join();
         }
     }
