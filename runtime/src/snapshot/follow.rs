@@ -57,7 +57,10 @@ impl Follower {
         let cancelled = Arc::new(AtomicBool::new(false));
         let thread = {
             let (dir, done, cancelled) = (dir.to_path_buf(), done.clone(), cancelled.clone());
-            std::thread::spawn(move || follow(&dir, lag, &done, &cancelled))
+            std::thread::spawn(move || {
+                yield_to_the_checkpoint();
+                follow(&dir, lag, &done, &cancelled)
+            })
         };
         Follower {
             done,
@@ -149,6 +152,20 @@ fn follow(
             (name, digest)
         })
         .collect())
+}
+
+/// Lowers the calling thread's priority (nice 10): on a host with few cores the hashing would
+/// otherwise take CPU from runsc's checkpoint, which pauses the source, and from the reply that
+/// makes the snapshot usable. Linux's nice value is per thread.
+fn yield_to_the_checkpoint() {
+    // SAFETY: setpriority only reads its arguments; gettid cannot fail.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+    if rc != 0 {
+        log::debug!(
+            "could not lower the hashing thread's priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// Opens the files of `dir` not yet followed.
@@ -247,6 +264,18 @@ mod tests {
             started.elapsed() < Duration::from_secs(5),
             "hashing 8 GiB takes longer than a cancel may"
         );
+    }
+
+    #[test]
+    fn the_hashing_thread_runs_at_a_lower_priority() {
+        let nice = std::thread::spawn(|| {
+            yield_to_the_checkpoint();
+            // SAFETY: as above; errno is not looked at as the value is checked.
+            unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(nice, 10);
     }
 
     #[test]
