@@ -850,7 +850,8 @@ fn writeback_note() -> String {
          checkpoint as much as anyone's: a 4096 MB checkpoint written while an earlier one is \
          still being written back is paced by the disk, in runsc alone as in the shim. The \
          \"host: dirty and writeback pages\" row says how much was waiting as each \
-         checkpoint began; the spread of the 4096 MB rows follows it, not the shim.",
+         checkpoint began: where it is small for both, writeback does not explain a difference \
+         between them.",
         sysctl("dirty_background_ratio"),
         sysctl("dirty_ratio"),
         mem_available() as f64 / 1e9
