@@ -43,6 +43,7 @@ fn sample_json() -> Value {
         size: 3,
         sha256: "a".repeat(64),
         chunks: Vec::new(),
+        pieces: None,
     }];
     let mut v = serde_json::to_value(m).unwrap();
     // Fields left out when empty, present so that they can be changed.

@@ -23,6 +23,7 @@ use std::{
 use sha2::{Digest, Sha256};
 
 use super::hash::{hex, read_some, FileDigest};
+use super::pieces::{self, PieceHasher};
 use crate::{Error, Result};
 
 /// How far behind a file's size the follower reads while the writer runs: more than runsc's
@@ -42,6 +43,8 @@ pub struct Follower {
 struct Followed {
     file: File,
     hasher: Sha256,
+    /// The memory file's piece digests, hashed on the same pass.
+    pieces: Option<PieceHasher>,
     offset: u64,
 }
 
@@ -148,6 +151,7 @@ fn follow(
                 size: f.offset,
                 sha256: hex(&f.hasher.finalize().into()),
                 chunks: Vec::new(),
+                pieces: f.pieces.map(PieceHasher::finish),
             };
             (name, digest)
         })
@@ -188,6 +192,7 @@ fn discover(dir: &Path, files: &mut BTreeMap<String, Followed>) -> Result<()> {
             Followed {
                 file,
                 hasher: Sha256::new(),
+                pieces: pieces::wanted(&path).then(PieceHasher::default),
                 offset: 0,
             },
         );
@@ -209,6 +214,9 @@ impl Followed {
             let want = (until - self.offset).min(buf.len() as u64) as usize;
             let n = read_some(&self.file, &mut buf[..want], self.offset, path)?;
             self.hasher.update(&buf[..n]);
+            if let Some(p) = &mut self.pieces {
+                p.update(&buf[..n]);
+            }
             self.offset += n as u64;
         }
         Ok(self.offset > start)
@@ -246,6 +254,10 @@ mod tests {
         assert_eq!(got.len(), 4);
         assert_eq!(got["pages.img"].sha256, sha256_hex(&expected));
         assert_eq!(got["pages.img"].size, expected.len() as u64);
+        let pieces = got["pages.img"].pieces.clone().expect("pages.img has pieces");
+        assert!(pieces.fit(expected.len() as u64));
+        assert!(pieces.matches(3, &expected[3 << 20..4 << 20]));
+        assert!(got["pages_meta.img"].pieces.is_none());
         for name in ["before", "pages_meta.img", "checkpoint.img"] {
             let whole = hash_files(&[dir.path().join(name)], 1).unwrap();
             assert_eq!(got[name], whole[0], "{name}");

@@ -18,6 +18,8 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
+use super::pieces::{self, PieceHasher, Pieces};
+
 use crate::{Error, Result};
 
 /// The unit of parallel hashing of older manifests' big files.
@@ -33,6 +35,8 @@ pub struct FileDigest {
     pub sha256: String,
     /// Hex sha256 of each [`CHUNK_SIZE`] piece, for files larger than one chunk.
     pub chunks: Vec<String>,
+    /// The memory file's piece digests (see [`super::pieces`]).
+    pub pieces: Option<Pieces>,
 }
 
 /// One unit of work: a byte range of one file.
@@ -57,19 +61,26 @@ pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> 
     // Biggest first, so the big memory file does not start last and run alone.
     let mut order: Vec<usize> = (0..paths.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
-    let results: Vec<Mutex<Option<[u8; 32]>>> = paths.iter().map(|_| Mutex::new(None)).collect();
+    type Hashed = Option<([u8; 32], Option<Pieces>)>;
+    let results: Vec<Mutex<Hashed>> = paths.iter().map(|_| Mutex::new(None)).collect();
     in_parallel(workers(threads, paths.len()), order.len(), |k, buf| {
         let i = order[k];
-        *results[i].lock().unwrap() = Some(hash_range(&paths[i], 0, sizes[i], buf)?);
+        let mut piece_hasher = pieces::wanted(&paths[i]).then(PieceHasher::default);
+        let d = hash_range(&paths[i], 0, sizes[i], buf, piece_hasher.as_mut())?;
+        *results[i].lock().unwrap() = Some((d, piece_hasher.map(PieceHasher::finish)));
         Ok(())
     })?;
     Ok(sizes
         .into_iter()
         .zip(results)
-        .map(|(size, d)| FileDigest {
-            size,
-            sha256: hex(&d.into_inner().unwrap().expect("every file hashed")),
-            chunks: Vec::new(),
+        .map(|(size, d)| {
+            let (d, pieces) = d.into_inner().unwrap().expect("every file hashed");
+            FileDigest {
+                size,
+                sha256: hex(&d),
+                chunks: Vec::new(),
+                pieces,
+            }
         })
         .collect())
 }
@@ -140,7 +151,7 @@ pub fn hash_files_chunked(paths: &[PathBuf], threads: usize) -> Result<Vec<FileD
         .collect();
     in_parallel(workers(threads, jobs.len()), jobs.len(), |i, buf| {
         let job = &jobs[i];
-        let d = hash_range(&paths[job.file], job.offset, job.len, buf)?;
+        let d = hash_range(&paths[job.file], job.offset, job.len, buf, None)?;
         chunk_digests[job.file].lock().unwrap()[job.chunk] = Some(d);
         Ok(())
     })?;
@@ -166,6 +177,7 @@ fn combine(size: u64, chunks: &[[u8; 32]]) -> FileDigest {
             size,
             sha256: hex(&chunks[0]),
             chunks: Vec::new(),
+            pieces: None,
         };
     }
     let mut tree = Sha256::new();
@@ -176,10 +188,17 @@ fn combine(size: u64, chunks: &[[u8; 32]]) -> FileDigest {
         size,
         sha256: hex(&tree.finalize().into()),
         chunks: chunks.iter().map(hex).collect(),
+        pieces: None,
     }
 }
 
-fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<[u8; 32]> {
+fn hash_range(
+    path: &Path,
+    offset: u64,
+    len: u64,
+    buf: &mut [u8],
+    mut pieces: Option<&mut PieceHasher>,
+) -> Result<[u8; 32]> {
     let file = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let mut hasher = Sha256::new();
     let mut done = 0u64;
@@ -187,6 +206,9 @@ fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<[u8;
         let want = (len - done).min(buf.len() as u64) as usize;
         let n = read_some(&file, &mut buf[..want], offset + done, path)?;
         hasher.update(&buf[..n]);
+        if let Some(p) = pieces.as_deref_mut() {
+            p.update(&buf[..n]);
+        }
         done += n as u64;
     }
     Ok(hasher.finalize().into())

@@ -198,6 +198,7 @@ fn fresh_entries(dir: &Path) -> Vec<FileEntry> {
                 size,
                 sha256: String::new(),
                 chunks: Vec::new(),
+                pieces: None,
             }
         })
         .collect()

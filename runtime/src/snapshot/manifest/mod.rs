@@ -161,6 +161,10 @@ pub struct FileEntry {
     pub sha256: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunks: Vec<String>,
+    /// The memory file's piece digests, which a restore reading it as it arrives checks
+    /// each range against (older manifests have none: such a snapshot is pulled whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pieces: Option<crate::snapshot::pieces::Pieces>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -244,6 +248,7 @@ impl Manifest {
                 size: d.size,
                 sha256: d.sha256,
                 chunks: d.chunks,
+                pieces: d.pieces,
             })
             .collect();
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::parse("manifest", e))?;
