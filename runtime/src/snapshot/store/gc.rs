@@ -28,6 +28,7 @@ impl Store {
     pub fn gc(&self, extra_roots: &[String]) -> Result<GcReport> {
         let _exclusive = self.lock_store(true)?;
         let mut report = GcReport::default();
+        report.stale_dirs += self.gc_lazy();
         let mut live: BTreeSet<String> = BTreeSet::new();
         for kind in ["ingest", "restores", "fresh"] {
             let dir = self.root.join(kind);

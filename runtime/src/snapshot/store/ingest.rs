@@ -161,6 +161,10 @@ impl Store {
                 reused += d.size;
                 continue;
             }
+            if self.lazy_file(hex).is_some() {
+                // Arriving: its server makes it a blob once it is whole and checked.
+                continue;
+            }
             let part = ingest.part_path(hex);
             let len = fs::metadata(&part).map(|m| m.len()).map_err(|e| {
                 bad(format!(

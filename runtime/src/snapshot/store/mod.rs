@@ -25,6 +25,7 @@ mod fresh;
 mod gc;
 mod ingest;
 mod layout;
+mod lazy;
 mod lock;
 mod pointer;
 mod refs;
@@ -42,6 +43,7 @@ use std::{
 pub use fresh::{Fresh, Seal, FRESH_MAX_AGE};
 pub use gc::GcReport;
 pub use ingest::{Commit, Committed, Ingest};
+pub use lazy::{detach_mount, LazyBlob, FAILED_MAX_AGE};
 pub use pointer::{holds_only_a_pointer, Pointer, POINTER};
 pub use refs::Ref;
 pub use restore::RestoreDir;
@@ -73,6 +75,7 @@ impl Store {
             "refs",
             "restores",
             "fresh",
+            "lazy",
         ] {
             make_private_dir(&root.join(d))?;
         }

@@ -22,6 +22,8 @@ use crate::{Error, Result};
 pub struct RestoreDir {
     dir: PathBuf,
     lock: Option<Lock>,
+    /// The blobs linked to a server's file because they are still arriving.
+    arriving: Vec<String>,
 }
 
 impl Store {
@@ -29,15 +31,27 @@ impl Store {
     /// verified first (by identity, or hashed again when that changed). Held until dropped.
     pub fn prepare_restore(&self, snap: &Stored, token: &str) -> Result<RestoreDir> {
         let _shared = self.lock_store(false)?;
-        let restore = self.begin_restore(token)?;
+        let mut restore = self.begin_restore(token)?;
         let dir = restore.dir.clone();
-        self.verify_blobs(&snap.digest, &snap.manifest)?;
+        // A blob still arriving is read through its server's file.
+        let arriving: Vec<(String, PathBuf)> = snap
+            .manifest
+            .files
+            .iter()
+            .filter(|f| !self.root.join("blobs/sha256").join(&f.sha256).exists())
+            .filter_map(|f| Some((f.sha256.clone(), self.lazy_file(&f.sha256)?)))
+            .collect();
+        restore.arriving = arriving.iter().map(|(hex, _)| hex.clone()).collect();
+        self.verify_blobs(&snap.digest, &snap.manifest, &restore.arriving)?;
         for f in &snap.manifest.files {
             let link = dir.join(&f.path);
             if let Some(parent) = link.parent() {
                 make_private_dir(parent)?;
             }
-            let blob = self.root.join("blobs/sha256").join(&f.sha256);
+            let blob = arriving
+                .iter()
+                .find(|(hex, _)| *hex == f.sha256)
+                .map_or_else(|| self.root.join("blobs/sha256").join(&f.sha256), |(_, p)| p.clone());
             std::os::unix::fs::symlink(&blob, &link)
                 .map_err(|e| Error::io(format!("link {}", link.display()), e))?;
         }
@@ -57,6 +71,7 @@ impl Store {
         let restore = RestoreDir {
             dir: dir.clone(),
             lock: Some(lock),
+            arriving: Vec::new(),
         };
         fs::DirBuilder::new()
             .mode(0o700)
@@ -69,6 +84,11 @@ impl Store {
 impl RestoreDir {
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The blobs this restore reads as they arrive (their digests' hex).
+    pub fn arriving(&self) -> &[String] {
+        &self.arriving
     }
 }
 

@@ -381,3 +381,81 @@ fn a_pointer_names_a_snapshot_by_digest_or_by_token() {
         assert!(write(bad.as_bytes()).is_err(), "{bad}");
     }
 }
+
+/// A blob served while it arrives: imported without its bytes, restored through the server's
+/// file, and an ordinary blob once complete; a failure's reason is kept, the bytes are not.
+#[test]
+fn a_lazy_blob_is_read_through_its_server_until_it_is_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Store::open(&tmp.path().join("a")).unwrap();
+    let files: &[(&str, &[u8])] = &[("checkpoint.img", b"state"), ("pages.img", b"pages")];
+    let c = commit(&a, sealed(&a, "default+one", files));
+    let snap = a.open_snapshot(&c.manifest.digest).unwrap();
+    let small: Vec<Vec<u8>> = [&snap.layout.chalk_manifest, &snap.layout.spec]
+        .iter()
+        .map(|d| a.read_blob(&d.digest).unwrap())
+        .chain([oci::EMPTY_DATA.to_vec()])
+        .collect();
+    let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+    let pages = &oci::sha256_digest(b"pages")["sha256:".len()..];
+
+    let b = Store::open(&tmp.path().join("b")).unwrap();
+    let lazy = b.begin_lazy(pages, 5).unwrap();
+    assert!(b.begin_lazy(pages, 5).is_err(), "one server per blob");
+    assert_eq!(b.lazy_file(pages), None, "not served before it says so");
+    lazy.serving().unwrap();
+    assert_eq!(b.lazy_file(pages), Some(lazy.mountpoint()));
+    assert_eq!(fs::metadata(lazy.data()).unwrap().len(), 5);
+    assert_eq!(
+        fs::metadata(lazy.data()).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let ingest = b.begin_ingest("default+pulled").unwrap();
+    let state = oci::sha256_digest(b"state");
+    fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
+    let (_, stored) = b
+        .import(ingest, "default", &c.manifest_bytes, &small)
+        .unwrap();
+    let restore = b.prepare_restore(&stored, "default+r1").unwrap();
+    assert_eq!(restore.arriving(), [pages.to_string()]);
+    assert_eq!(
+        fs::read_link(restore.dir().join("pages.img")).unwrap(),
+        lazy.mountpoint()
+    );
+    drop(restore);
+    // gc leaves a served blob's directory alone.
+    b.gc(&[]).unwrap();
+    assert!(lazy.mountpoint().exists());
+
+    fs::write(lazy.data(), b"pages").unwrap();
+    lazy.complete(&b).unwrap();
+    lazy.finish();
+    assert!(b.has_blob(&format!("sha256:{pages}")));
+    assert_eq!(b.lazy_file(pages), None);
+    let restore = b.prepare_restore(&stored, "default+r2").unwrap();
+    assert!(restore.arriving().is_empty());
+    drop(restore);
+
+    // A failed one: its reason stays (and survives gc), its bytes do not.
+    let other = "ab".repeat(32);
+    let failed = b.begin_lazy(&other, 7).unwrap();
+    failed.serving().unwrap();
+    failed.fail("piece 3 does not match its digest");
+    assert_eq!(b.lazy_file(&other), None);
+    let data = failed.data();
+    failed.finish();
+    assert!(!data.exists());
+    b.gc(&[]).unwrap();
+    assert_eq!(
+        b.lazy_failure(&other).as_deref(),
+        Some("piece 3 does not match its digest")
+    );
+    // A new server of the same blob starts clean.
+    let again = b.begin_lazy(&other, 7).unwrap();
+    assert_eq!(b.lazy_failure(&other), None);
+    drop(again);
+    // A dead server's directory goes at the next gc.
+    b.gc(&[]).unwrap();
+    assert!(!tmp.path().join("b/lazy").join(&other).exists());
+}
