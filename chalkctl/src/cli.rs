@@ -144,6 +144,9 @@ pub enum Command {
         #[arg(long, value_parser = parse_duration)]
         timeout: Option<Duration>,
     },
+    /// Serves a memory file while it arrives (what a lazy pull starts; its job on stdin).
+    #[command(hide = true)]
+    ServeLazy,
     /// The stdio keeper of one sandbox (what run, fork and resume start).
     #[command(hide = true)]
     Keep {
@@ -264,6 +267,16 @@ impl RegistryArgs {
             hosts_dir: self.hosts_dir.clone(),
             plain_http: self.plain_http,
             user: self.user.clone(),
+            lazy_server: None,
+        }
+    }
+
+    /// For a pull a restore follows: its memory file may arrive while the sandbox runs,
+    /// served by this program (`chalkctl serve-lazy`).
+    pub fn access_lazy(&self) -> remote::Access {
+        remote::Access {
+            lazy_server: std::env::current_exe().ok(),
+            ..self.access()
         }
     }
 }
@@ -379,6 +392,10 @@ pub enum SnapshotCommand {
     /// checked by digest), after checking this host can restore it. Prints its id.
     Pull {
         reference: String,
+        /// Leave pages.img to arrive while a restore already reads it (what a pod's
+        /// chalk.io/restore-from asks for), where this host, its runsc and the registry allow.
+        #[arg(long)]
+        lazy: bool,
         #[command(flatten)]
         registry: RegistryArgs,
     },

@@ -52,6 +52,7 @@ fn run(cli: &Cli) -> Result<Value> {
         Command::List { .. } | Command::Get { .. } => cmd::inspect::run(cli, &cli.command),
         Command::Suspend { .. } | Command::Resume { .. } => cmd::suspend::run(cli, &cli.command),
         Command::Keep { .. }
+        | Command::ServeLazy
         | Command::Completions { .. }
         | Command::Man
         | Command::Exec { .. }

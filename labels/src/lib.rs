@@ -55,6 +55,9 @@ pub const RESUMED_FROM: &str = "chalk.io/resumed-from";
 /// On a suspended sandbox's record: the snapshot holding it. Written by chalkctl's suspend;
 /// read by resume, `ls --all` and chalk-web.
 pub const SUSPENDED_FROM: &str = "chalk.io/suspended-from";
+/// On a sandbox the shim ended itself: why (its memory could not be fetched, say). Written
+/// by the shim; read by chalkctl's `inspect`, `wait` and listings.
+pub const ENDED_BECAUSE: &str = "chalk.io/ended-because";
 /// On a suspended sandbox moved to another host: where it went. Written by chalkctl's move;
 /// read by chalkctl's listings.
 pub const RELEASED_TO: &str = "chalk.io/released-to";
@@ -127,6 +130,7 @@ pub const ALL: &[&str] = &[
     PARENT_SANDBOX,
     RESUMED_FROM,
     SUSPENDED_FROM,
+    ENDED_BECAUSE,
     RELEASED_TO,
     STDIO_LABEL,
     WEB_OWNER_LABEL,

@@ -28,6 +28,9 @@ pub struct Host {
     pub cpu_flags: BTreeSet<String>,
     /// The GPU models and the driver version (`nvidia-smi`), when asked for and found.
     pub gpu: Option<(Vec<String>, String)>,
+    /// Whether this runsc restores in the background (and so may start while pages.img
+    /// still arrives).
+    pub lazy_restore: bool,
 }
 
 /// What differs between snapshot `m` and `here`, one phrase each; empty when it can run here.
@@ -135,6 +138,7 @@ impl Host {
             arch: info.arch,
             cpu_flags: info.cpu_flags.into_iter().collect(),
             gpu: if want_gpu { nvidia_gpus() } else { None },
+            lazy_restore: features.lazy_restore() && opts.snapshot.lazy_restore,
         })
     }
 }
@@ -191,6 +195,7 @@ mod tests {
             arch: "x86_64".into(),
             cpu_flags: ["avx2", "sse4_2", "avx512f"].map(String::from).into(),
             gpu: None,
+            lazy_restore: false,
         }
     }
 

@@ -58,6 +58,7 @@ fn main() {
             hosts_dir: cli.hosts_dir.clone(),
             plain_http: cli.plain_http,
             user: None,
+            lazy_server: None,
         },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -33,7 +33,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             };
             let pulled = match snapshot {
                 Some(reference) => Some(
-                    pull::pull(&mut client, &registry.access(), reference, &progress)?
+                    pull::pull(&mut client, &registry.access_lazy(), reference, &progress)?
                         .snapshot
                         .digest,
                 ),

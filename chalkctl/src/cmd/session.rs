@@ -9,6 +9,10 @@ use clap::CommandFactory;
 pub fn run(cli: &Cli) -> Result<Option<u8>> {
     let code = |status: u32| u8::try_from(status).unwrap_or(255);
     match &cli.command {
+        Command::ServeLazy => {
+            chalk_client::remote::lazy::serve::main()?;
+            Ok(Some(0))
+        }
         Command::Keep { id, terminal } => {
             keeper::serve(&cli.address, &cli.namespace, &cli.state_dir, id, *terminal)?;
             Ok(Some(0))

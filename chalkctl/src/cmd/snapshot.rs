@@ -129,9 +129,15 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
         }
         Command::Snapshot(SnapshotCommand::Pull {
             reference,
+            lazy,
             registry,
         }) => {
-            let pulled = pull::pull(&mut client, &registry.access(), reference, &progress)?;
+            let access = if *lazy {
+                registry.access_lazy()
+            } else {
+                registry.access()
+            };
+            let pulled = pull::pull(&mut client, &access, reference, &progress)?;
             if table {
                 println!("{}", pulled.snapshot.digest);
             }

@@ -49,7 +49,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             let keep = keeping(cli)?;
             let (snapshot, pid, pulled) = moves::resume_from(
                 &mut client,
-                &registry.access(),
+                &registry.access_lazy(),
                 id,
                 from.as_deref(),
                 Some(&keep),

@@ -58,6 +58,8 @@ pub struct Stdio {
 pub struct Client {
     rt: tokio::runtime::Runtime,
     channel: Channel,
+    /// containerd's socket.
+    address: String,
     namespace: String,
     lease: Option<String>,
     /// A lease of [`Client::under_own_lease`], for callers holding `&Client`.
@@ -98,6 +100,7 @@ impl Client {
         Ok(Client {
             rt,
             channel,
+            address: socket,
             namespace: namespace.to_string(),
             lease: None,
             scoped_lease: Default::default(),
@@ -107,6 +110,11 @@ impl Client {
 
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// containerd's socket this client speaks to.
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// Reads the snapshot store's place from the runtime options at `path` (when it is needed).

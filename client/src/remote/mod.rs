@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod hosts;
 mod image;
+pub mod lazy;
 pub mod moves;
 pub mod pull;
 pub mod push;
@@ -27,6 +28,9 @@ pub struct Access {
     pub plain_http: bool,
     /// `user[:password]`, else the docker config's credentials.
     pub user: Option<String>,
+    /// The program that serves a memory file while it arrives (chalkctl's `serve-lazy`);
+    /// none: a pull fetches everything before it ends.
+    pub lazy_server: Option<PathBuf>,
 }
 
 /// Parses a registry reference (`host[:port]/repo[:tag][@digest]`) as docker and containerd

@@ -13,7 +13,9 @@ use chalk_runtime::snapshot::{
 };
 use oci_client::RegistryOperation;
 
-use super::{hosts::Use, image, session, Access, Transfer};
+use chalk_runtime::snapshot::pieces::{Pieces, LAZY_FILE};
+
+use super::{auth::Credentials, hosts::Use, image, lazy, session, Access, Transfer};
 use crate::{
     containerd::Client,
     progress::megabytes,
@@ -31,7 +33,10 @@ pub struct Pulled {
     pub transfer: Transfer,
 }
 
-/// Pulls snapshot `reference` (a tag, or a digest) into this host.
+/// Pulls snapshot `reference` (a tag, or a digest) into this host. With
+/// `access.lazy_server` (chalkctl, which serves a file while it arrives), its memory file is
+/// left to arrive while a restore already reads it, where this host, its runsc and the
+/// registry allow (else it is fetched whole, and the progress says why, once).
 pub fn pull(
     client: &mut Client,
     access: &Access,
@@ -83,7 +88,7 @@ pub fn pull(
     s.login(&r, RegistryOperation::Pull)?;
     let chalk = s.blob(&r, &layout.chalk_manifest.digest, SMALL)?;
     let m = Manifest::parse(&chalk, store.root()).map_err(|e| Error::from(e.to_string()))?;
-    check_host(client, &m, reference)?;
+    let host = check_host(client, &m, reference)?;
     let spec = s.blob(&r, &layout.spec.digest, SMALL)?;
     let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
 
@@ -139,6 +144,49 @@ pub fn pull(
             let hex = oci::sha256_hex_of(&d.digest)
                 .ok_or_else(|| not_ours(format!("{} is not a sha256 digest", d.digest)))?;
             let title = d.title().unwrap_or("blob");
+            if let Some(exe) = access.lazy_server.as_deref().filter(|_| title == LAZY_FILE) {
+                let served = lazy_unavailable(&m, &host, d.size).map_or_else(
+                    || {
+                        let job = lazy::Job {
+                            store: store.root().to_path_buf(),
+                            reference: r.whole(),
+                            digest: d.digest.clone(),
+                            size: d.size,
+                            pieces: pieces_of(&m).cloned().unwrap_or_else(|| Pieces {
+                                size: 0,
+                                sha256: Vec::new(),
+                            }),
+                            hosts_dir: access.hosts_dir.clone(),
+                            plain_http: access.plain_http,
+                            endpoint: s.endpoint.host.clone(),
+                            credentials: match s.credentials() {
+                                Credentials::Basic { user, password } => {
+                                    Some((user.clone(), password.clone()))
+                                }
+                                Credentials::Anonymous => None,
+                            },
+                            record: Some(lazy::Record {
+                                address: client.address().to_string(),
+                                namespace: client.namespace().to_string(),
+                                name: snapshot.name.clone(),
+                            }),
+                        };
+                        lazy::start(exe, &job)
+                    },
+                    |why| Err(Error::from(why)),
+                );
+                match served {
+                    Ok(()) => {
+                        progress.step(&format!(
+                            "{title} ({}) arrives while the sandbox runs",
+                            megabytes(d.size)
+                        ));
+                        t.moved(0);
+                        continue;
+                    }
+                    Err(why) => progress.step(&format!("fetching {title} whole: {why}")),
+                }
+            }
             let part = ingest.part_path(hex);
             progress.during(&format!("fetching {title} ({})", megabytes(d.size)), || {
                 s.blob_to_file(&r, &d.digest, d.size, &part)
@@ -173,9 +221,31 @@ pub fn pull(
     })
 }
 
+/// The manifest's piece digests of the memory file.
+fn pieces_of(m: &Manifest) -> Option<&Pieces> {
+    m.files
+        .iter()
+        .find(|f| f.path == LAZY_FILE)
+        .and_then(|f| f.pieces.as_ref())
+}
+
+/// Why this pull cannot leave the memory file to arrive while it is read, if it cannot.
+fn lazy_unavailable(m: &Manifest, host: &Host, size: u64) -> Option<String> {
+    if !host.lazy_restore {
+        return Some(
+            "this host's runsc does not restore in the background (or lazy_restore is off)"
+                .into(),
+        );
+    }
+    if !pieces_of(m).is_some_and(|p| p.fit(size)) {
+        return Some("the snapshot has no piece digests (taken by an older chalk-shim)".into());
+    }
+    lazy::unavailable()
+}
+
 /// Refuses a snapshot this host cannot restore, naming what differs, before its memory is
-/// fetched.
-fn check_host(client: &Client, m: &Manifest, reference: &str) -> Result<()> {
+/// fetched. This host, as probed.
+fn check_host(client: &Client, m: &Manifest, reference: &str) -> Result<Host> {
     let opts = client.options()?;
     let here = Host::probe(&opts, m.extra.gpu.is_some()).map_err(|e| Error::from(e.to_string()))?;
     let differs = hostcheck::differences(m, &here);
@@ -187,5 +257,5 @@ fn check_host(client: &Client, m: &Manifest, reference: &str) -> Result<()> {
         )
         .into());
     }
-    Ok(())
+    Ok(here)
 }

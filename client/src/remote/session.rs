@@ -29,6 +29,7 @@ pub struct Session {
     rt: tokio::runtime::Runtime,
     client: oci_client::Client,
     auth: RegistryAuth,
+    credentials: Credentials,
     who: String,
     pub endpoint: Endpoint,
     /// The registry references name (a mirror serves it under its own host).
@@ -37,6 +38,17 @@ pub struct Session {
 
 /// The endpoints `reference` may use for `u`, each a session, in the order to try them.
 pub fn sessions(access: &Access, reference: &Reference, u: Use) -> Result<Vec<Session>> {
+    sessions_as(access, reference, u, None)
+}
+
+/// Like [`sessions`], with credentials already looked up (a lazy blob's server gets them
+/// from the pull that started it, over a pipe).
+pub fn sessions_as(
+    access: &Access,
+    reference: &Reference,
+    u: Use,
+    credentials: Option<&Credentials>,
+) -> Result<Vec<Session>> {
     let registry = reference.registry().to_string();
     let endpoints = hosts::endpoints(&access.hosts_dir, &registry, access.plain_http)?;
     let usable: Vec<Endpoint> = endpoints.into_iter().filter(|e| e.can(u)).collect();
@@ -53,12 +65,17 @@ pub fn sessions(access: &Access, reference: &Reference, u: Use) -> Result<Vec<Se
     }
     usable
         .into_iter()
-        .map(|e| Session::open(access, &registry, e))
+        .map(|e| Session::open(access, &registry, e, credentials))
         .collect()
 }
 
 impl Session {
-    fn open(access: &Access, registry: &str, endpoint: Endpoint) -> Result<Session> {
+    fn open(
+        access: &Access,
+        registry: &str,
+        endpoint: Endpoint,
+        credentials: Option<&Credentials>,
+    ) -> Result<Session> {
         // rustls without a default provider (see Cargo.toml): ring, once per process.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut extra = Vec::new();
@@ -89,11 +106,16 @@ impl Session {
             read_timeout: Some(Duration::from_secs(120)),
             ..Default::default()
         };
-        let credentials = auth::lookup(&endpoint.host, access.user.as_deref())?;
+        let credentials = match credentials {
+            Some(c) => c.clone(),
+            None => auth::lookup(&endpoint.host, access.user.as_deref())?,
+        };
         let who = credentials.describe();
-        let auth = match credentials {
+        let auth = match &credentials {
             Credentials::Anonymous => RegistryAuth::Anonymous,
-            Credentials::Basic { user, password } => RegistryAuth::Basic(user, password),
+            Credentials::Basic { user, password } => {
+                RegistryAuth::Basic(user.clone(), password.clone())
+            }
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -104,6 +126,7 @@ impl Session {
             rt,
             client: oci_client::Client::new(config),
             auth,
+            credentials,
             who,
             endpoint,
             registry: registry.to_string(),
@@ -307,6 +330,75 @@ impl Session {
             let _ = std::fs::remove_file(path);
         }
         checked
+    }
+
+    /// The credentials this session uses (handed to a lazy blob's server, never logged).
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// Bytes `offset..offset+len` of blob `digest`, handed to `sink` as they come. Unchecked:
+    /// the caller checks them against piece digests. Refused when the registry answers with
+    /// the whole blob instead of the range (it does not serve ranges).
+    pub fn blob_range(
+        &self,
+        r: &Reference,
+        digest: &str,
+        offset: u64,
+        len: u64,
+        mut sink: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let at = self.at(r);
+        let layer = oci_client::manifest::OciDescriptor {
+            digest: digest.to_string(),
+            ..Default::default()
+        };
+        let mut failed_sink = None;
+        let fetched = self.rt.block_on(async {
+            let response = self
+                .client
+                .pull_blob_stream_partial(&at, &layer, offset, Some(len))
+                .await?;
+            let mut stream = match response {
+                oci_client::client::BlobResponse::Partial(s) => s.stream,
+                oci_client::client::BlobResponse::Full(_) => {
+                    return Err(OciDistributionError::GenericError(Some(
+                        "the registry does not serve byte ranges of blobs (it answered a \
+                         range request with the whole blob)"
+                            .to_string(),
+                    )))
+                }
+            };
+            let mut got = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                got += chunk.len() as u64;
+                if got > len {
+                    return Err(OciDistributionError::GenericError(Some(format!(
+                        "the registry sent more than the {len} bytes asked for"
+                    ))));
+                }
+                if let Err(e) = sink(&chunk) {
+                    failed_sink = Some(e);
+                    return Ok(got);
+                }
+            }
+            Ok(got)
+        });
+        if let Some(e) = failed_sink {
+            return Err(e);
+        }
+        match fetched {
+            Ok(got) if got == len => Ok(()),
+            Ok(got) => Err(format!(
+                "fetch bytes {offset}..{} of blob {digest} of {}: the connection ended after \
+                 {got} of {len} bytes",
+                offset + len,
+                at.whole()
+            )
+            .into()),
+            Err(e) => Err(self.explain(&format!("fetch bytes {offset}..{} of blob {digest}", offset + len), &at, e)),
+        }
     }
 
     fn name(&self, r: &Reference) -> String {

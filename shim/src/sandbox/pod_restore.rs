@@ -196,6 +196,8 @@ impl Sandboxes {
             &config,
             "snapshot",
             "pull",
+            // Memory arrives while the pod's sandbox restores, where the node allows.
+            "--lazy",
             "--hosts-dir",
             &hosts_dir,
             reference,

@@ -7,6 +7,7 @@ use std::{
     time::Instant,
 };
 
+use chalk_labels::ENDED_BECAUSE;
 use chalk_runtime::state::{self, Event as Transition, Status};
 use containerd_shim::protos::{events::task::TaskStart, topics};
 
@@ -121,19 +122,39 @@ impl Sandboxes {
         match (&launched, linked) {
             // The store's links go once runsc has loaded everything: it holds the files open
             // until then, and gc must not take their blobs meanwhile.
-            (Ok(_), Some(linked)) if from.lazy => {
-                let (runtime, id) = (c.runtime.clone(), c.id.clone());
+            (Ok((pid, _)), Some(linked)) if from.lazy => {
+                let (this, c, pid) = (self.clone(), c.clone(), *pid as u32);
                 std::thread::spawn(move || {
-                    let loaded = runtime.wait_restored(&id);
+                    let loaded = c.runtime.wait_restored(&c.id);
+                    let failed = linked.arrival_failure();
                     drop(linked);
-                    match loaded {
-                        Ok(()) => restore_timing(&id, true, running, started_at.elapsed()),
-                        Err(e) => log::warn!("container {id}: waiting for its restore: {e}"),
+                    match (loaded, failed) {
+                        (Ok(()), None) => {
+                            restore_timing(&c.id, true, running, started_at.elapsed())
+                        }
+                        (_, Some(why)) => this.memory_never_came(&c, pid, &why),
+                        (Err(e), None) => {
+                            log::warn!("container {}: waiting for its restore: {e}", c.id)
+                        }
                     }
                 });
             }
-            (Ok(_), _) => restore_timing(&c.id, false, running, running),
-            _ => {}
+            (Ok(_), linked) => {
+                drop(linked);
+                restore_timing(&c.id, false, running, running)
+            }
+            (Err(e), Some(linked)) => {
+                // runsc's own error says only that a read failed: say why it did.
+                if let Some(why) = linked.arrival_failure() {
+                    let _ = self.records().set_label(&c.id, ENDED_BECAUSE, &why);
+                    return Err(ShimError::FailedPrecondition(format!(
+                        "container {}: the snapshot's memory could not be fetched ({why}); \
+                         runsc: {e}",
+                        c.id
+                    )));
+                }
+            }
+            (Err(_), None) => {}
         }
         let (pid, pio) = launched?;
         if let (Some((w, h)), None) = (size, &from.terminal) {
@@ -159,6 +180,20 @@ impl Sandboxes {
             self.settle_restore(c, &from.cuda_pids, pid)?;
         }
         Ok(pid as u32)
+    }
+
+    /// A sandbox restored while its memory arrived can never have the rest of it: it ends
+    /// (runsc kills it too), its exit is reported as any, and why is kept on its record.
+    fn memory_never_came(&self, c: &Container, pid: u32, why: &str) {
+        log::warn!(
+            "container {}: its snapshot's memory could not be fetched ({why}): the sandbox was \
+             stopped",
+            c.id
+        );
+        kill_pid(pid);
+        if let Err(e) = self.records().set_label(&c.id, ENDED_BECAUSE, why) {
+            log::warn!("container {}: why it ended was not recorded: {e}", c.id);
+        }
     }
 
     /// After a restore: CUDA processes back on the GPU, then the post-restore hooks. A restore

@@ -90,6 +90,24 @@ impl RestoreDir {
     pub fn arriving(&self) -> &[String] {
         &self.arriving
     }
+
+    /// Why a blob this restore reads as it arrives will never be whole, if one will not:
+    /// its server's reason, or that the server is gone.
+    pub fn arrival_failure(&self) -> Option<String> {
+        let root = self.dir.parent()?.parent()?;
+        let store = Store {
+            root: root.to_path_buf(),
+        };
+        self.arriving.iter().find_map(|hex| {
+            if let Some(why) = store.lazy_failure(hex) {
+                return Some(why.trim().to_string());
+            }
+            let here = root.join("blobs/sha256").join(hex).exists();
+            (!here && store.lazy_file(hex).is_none()).then(|| {
+                format!("the server of blob sha256:{hex} ended before the blob was whole")
+            })
+        })
+    }
 }
 
 impl Drop for RestoreDir {

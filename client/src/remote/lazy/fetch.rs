@@ -1,0 +1,173 @@
+//! The fetchers of a lazily served blob: one goes through the blob in order, a few fetch the
+//! pieces readers wait for, and one hashes the whole file behind them. Every piece is checked
+//! against its digest before it is written where readers can see it; a range that does not
+//! arrive is asked again a few times, and then serving fails.
+
+use std::{fs::File, ops::Range, os::unix::fs::FileExt, sync::Arc, time::Duration};
+
+use chalk_runtime::snapshot::pieces::Pieces;
+use oci_client::Reference;
+use sha2::{Digest, Sha256};
+
+use super::super::session::Session;
+use super::arrivals::Arrivals;
+
+/// Pieces the in-order fetch asks for at once (16 MiB at 1 MiB pieces).
+const RUN: u64 = 16;
+/// Fetchers of pieces that readers wait for.
+pub const DEMAND_FETCHERS: usize = 3;
+/// Waits between tries of a range that did not arrive.
+const RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+];
+
+pub struct Fetch {
+    pub session: Arc<Session>,
+    pub reference: Reference,
+    pub digest: String,
+    pub size: u64,
+    pub pieces: Pieces,
+    pub arrivals: Arc<Arrivals>,
+    pub data: Arc<File>,
+}
+
+/// Why a range was not fetched: worth another try, or never.
+enum Failed {
+    Again(String),
+    Never(String),
+}
+
+impl Fetch {
+    /// Fetches pieces `run` (claimed already), trying again as any fetch does.
+    pub fn first(&self, run: Range<u64>) {
+        self.with_retries(run);
+    }
+
+    /// Fetches the blob in order until every piece is here or serving failed.
+    pub fn in_order(&self) {
+        while let Some(run) = self.arrivals.next_run(RUN) {
+            self.with_retries(run);
+        }
+    }
+
+    /// Fetches pieces readers wait for until every piece is here or serving failed.
+    pub fn on_demand(&self) {
+        while !self.arrivals.complete() && self.arrivals.failure().is_none() {
+            if let Some(i) = self.arrivals.next_wanted(Duration::from_millis(100)) {
+                self.with_retries(i..i + 1);
+            }
+        }
+    }
+
+    fn with_retries(&self, run: Range<u64>) {
+        let mut tries = RETRIES.iter();
+        loop {
+            match self.fetch(run.clone()) {
+                Ok(()) => return,
+                Err(Failed::Never(why)) => return self.arrivals.fail(&why),
+                Err(Failed::Again(why)) => match tries.next() {
+                    Some(wait) if self.arrivals.failure().is_none() => {
+                        std::thread::sleep(*wait);
+                        // A registry's token may have expired: ask for a new one.
+                        let _ = self
+                            .session
+                            .login(&self.reference, oci_client::RegistryOperation::Pull);
+                    }
+                    _ => {
+                        self.arrivals.give_back(run);
+                        return self.arrivals.fail(&format!(
+                            "{why} (tried {} times)",
+                            RETRIES.len() + 1
+                        ));
+                    }
+                },
+            }
+        }
+    }
+
+    /// One ranged fetch of pieces `run`, each checked and written as it completes.
+    fn fetch(&self, run: Range<u64>) -> Result<(), Failed> {
+        let (offset, _) = self.pieces.range(run.start, self.size);
+        let (last_offset, last_len) = self.pieces.range(run.end - 1, self.size);
+        let len = last_offset + last_len - offset;
+        let mut piece = run.start;
+        let mut buf: Vec<u8> = Vec::with_capacity(self.pieces.size as usize);
+        let mut bad = None;
+        let fetched = self
+            .session
+            .blob_range(&self.reference, &self.digest, offset, len, |mut bytes| {
+                while !bytes.is_empty() {
+                    let (at, want) = self.pieces.range(piece, self.size);
+                    let take = (want as usize - buf.len()).min(bytes.len());
+                    buf.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if buf.len() as u64 == want {
+                        if !self.pieces.matches(piece, &buf) {
+                            bad = Some(format!(
+                                "bytes {at}..{} of {} from the registry do not match their \
+                                 digest in the snapshot's manifest: the blob was changed or \
+                                 damaged there",
+                                at + want,
+                                self.digest
+                            ));
+                            return Err(crate::Error::from("a piece did not match its digest".to_string()));
+                        }
+                        self.data
+                            .write_all_at(&buf, at)
+                            .map_err(|e| crate::Error::from(format!("write the blob: {e}")))?;
+                        self.arrivals.arrived(piece);
+                        piece += 1;
+                        buf.clear();
+                    }
+                }
+                Ok(())
+            });
+        if let Some(why) = bad {
+            return Err(Failed::Never(why));
+        }
+        match fetched {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // What arrived whole stays; the rest is asked again.
+                if piece < run.end {
+                    self.arrivals.give_back(piece..run.end);
+                }
+                let text = e.to_string();
+                if text.contains("write the blob") || text.contains("byte ranges") {
+                    Err(Failed::Never(text))
+                } else {
+                    Err(Failed::Again(text))
+                }
+            }
+        }
+    }
+
+    /// The whole file's sha256, hashed behind the fetch as its pieces arrive in order:
+    /// whether it is the blob's digest. Fails serving when it is not.
+    pub fn check_whole(&self, wait_limit: Duration) -> Result<(), String> {
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; self.pieces.size as usize];
+        for i in 0..self.arrivals.count() {
+            self.arrivals.wait_quietly(i..i + 1, wait_limit)?;
+            let (at, len) = self.pieces.range(i, self.size);
+            let buf = &mut buf[..len as usize];
+            self.data
+                .read_exact_at(buf, at)
+                .map_err(|e| format!("read back the blob: {e}"))?;
+            hasher.update(&*buf);
+        }
+        let got = format!("sha256:{:x}", hasher.finalize());
+        if got != self.digest {
+            let why = format!(
+                "the blob fetched hashes to {got}, not {}: every piece matched, so the \
+                 snapshot's manifest and its blob disagree",
+                self.digest
+            );
+            self.arrivals.fail(&why);
+            return Err(why);
+        }
+        Ok(())
+    }
+}
