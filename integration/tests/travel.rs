@@ -21,6 +21,14 @@ use chalk_integration::{
 };
 use serde_json::Value;
 
+#[path = "travel/lazy.rs"]
+mod lazy;
+
+use lazy::{
+    a_lazy_resume_and_fork_on_another_host_carry_on,
+    a_tampered_piece_ends_a_lazy_restore_with_the_reason, fault_registry_gone_mid_lazy_restore,
+};
+
 struct Hosts {
     a: Env,
     b: Env,
@@ -674,6 +682,16 @@ fn main() {
         fault_registry_full_during_a_push_fails_cleanly_and_resumes,
         fault_registry_gone_mid_push_and_mid_pull,
     ];
+    all.extend(cases![a_lazy_resume_and_fork_on_another_host_carry_on]);
+    // Debian's runsc cannot restore while pages.img arrives: its pulls fetch all.
+    all.extend(
+        cases![
+            a_tampered_piece_ends_a_lazy_restore_with_the_reason,
+            fault_registry_gone_mid_lazy_restore
+        ]
+        .into_iter()
+        .map(|c| c.ignored_if(!testkit::current_runsc())),
+    );
     all.extend(
         cases![a_host_with_another_runsc_refuses_before_pulling]
             .into_iter()

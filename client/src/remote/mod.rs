@@ -66,6 +66,8 @@ pub struct Transfer {
     pub bytes_present: u64,
     /// Blobs of the base image moved (it was missing on the other side).
     pub base_blobs: usize,
+    /// Bytes left to arrive while the sandbox runs (a memory file served as it comes).
+    pub bytes_arriving: u64,
 }
 
 impl Transfer {
@@ -86,6 +88,7 @@ impl Transfer {
             "blobs_present": self.blobs_present,
             "bytes_present": self.bytes_present,
             "base_image_blobs_moved": self.base_blobs,
+            "bytes_arriving": self.bytes_arriving,
         })
     }
 }

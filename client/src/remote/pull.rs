@@ -136,7 +136,11 @@ pub fn pull(
         let ingest = store
             .begin_ingest(&token)
             .map_err(|e| Error::from(e.to_string()))?;
-        for d in &layout.files {
+        // The small files whole first: a restore reads them before anything else, and the
+        // memory file's server starts last, once nothing else can fail the pull but import.
+        let mut files: Vec<_> = layout.files.iter().collect();
+        files.sort_by_key(|d| d.title() == Some(LAZY_FILE));
+        for d in files {
             if store.has_blob(&d.digest) {
                 t.present(d.size);
                 continue;
@@ -181,7 +185,7 @@ pub fn pull(
                             "{title} ({}) arrives while the sandbox runs",
                             megabytes(d.size)
                         ));
-                        t.moved(0);
+                        t.bytes_arriving += d.size;
                         continue;
                     }
                     Err(why) => progress.step(&format!("fetching {title} whole: {why}")),
@@ -210,10 +214,15 @@ pub fn pull(
         return Err(e);
     }
     progress.step(&format!(
-        "pulled {} ({} fetched, {} already here)",
+        "pulled {} ({} fetched, {} already here{})",
         crate::progress::short(&id),
         megabytes(t.bytes_moved),
-        megabytes(t.bytes_present)
+        megabytes(t.bytes_present),
+        if t.bytes_arriving > 0 {
+            format!(", {} arriving", megabytes(t.bytes_arriving))
+        } else {
+            String::new()
+        }
     ));
     Ok(Pulled {
         snapshot,
@@ -233,8 +242,7 @@ fn pieces_of(m: &Manifest) -> Option<&Pieces> {
 fn lazy_unavailable(m: &Manifest, host: &Host, size: u64) -> Option<String> {
     if !host.lazy_restore {
         return Some(
-            "this host's runsc does not restore in the background (or lazy_restore is off)"
-                .into(),
+            "this host's runsc does not restore in the background (or lazy_restore is off)".into(),
         );
     }
     if !pieces_of(m).is_some_and(|p| p.fit(size)) {

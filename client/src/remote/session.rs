@@ -397,7 +397,11 @@ impl Session {
                 at.whole()
             )
             .into()),
-            Err(e) => Err(self.explain(&format!("fetch bytes {offset}..{} of blob {digest}", offset + len), &at, e)),
+            Err(e) => Err(self.explain(
+                &format!("fetch bytes {offset}..{} of blob {digest}", offset + len),
+                &at,
+                e,
+            )),
         }
     }
 

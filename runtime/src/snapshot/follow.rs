@@ -254,7 +254,10 @@ mod tests {
         assert_eq!(got.len(), 4);
         assert_eq!(got["pages.img"].sha256, sha256_hex(&expected));
         assert_eq!(got["pages.img"].size, expected.len() as u64);
-        let pieces = got["pages.img"].pieces.clone().expect("pages.img has pieces");
+        let pieces = got["pages.img"]
+            .pieces
+            .clone()
+            .expect("pages.img has pieces");
         assert!(pieces.fit(expected.len() as u64));
         assert!(pieces.matches(3, &expected[3 << 20..4 << 20]));
         assert!(got["pages_meta.img"].pieces.is_none());

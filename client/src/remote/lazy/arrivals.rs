@@ -26,16 +26,27 @@ struct State {
     cursor: u64,
 }
 
+/// What is told of a failure before any reader hears of it.
+type OnFail = Box<dyn Fn(&str) + Send + Sync>;
+
 /// The pieces of one blob, shared by the FUSE readers and the fetchers.
-#[derive(Debug)]
 pub struct Arrivals {
     state: Mutex<State>,
     changed: Condvar,
+    on_fail: Option<OnFail>,
 }
 
 impl Arrivals {
+    #[cfg(test)]
     pub fn new(count: u64) -> Arrivals {
+        Arrivals::telling(count, None)
+    }
+
+    /// Arrivals whose failure is first handed to `on_fail` (the store's note of why, which
+    /// the shim reads once runsc's read failed).
+    pub fn telling(count: u64, on_fail: Option<OnFail>) -> Arrivals {
         Arrivals {
+            on_fail,
             state: Mutex::new(State {
                 pieces: vec![Piece::Missing; count as usize],
                 here: 0,
@@ -172,7 +183,12 @@ impl Arrivals {
     /// is kept).
     pub fn fail(&self, why: &str) {
         let mut st = self.state.lock().unwrap();
-        st.failed.get_or_insert_with(|| why.to_string());
+        if st.failed.is_none() {
+            if let Some(tell) = &self.on_fail {
+                tell(why);
+            }
+            st.failed = Some(why.to_string());
+        }
         self.changed.notify_all();
     }
 
@@ -236,11 +252,32 @@ mod tests {
         a.fail("piece 1 does not match its digest");
         a.fail("a later reason");
         for r in readers {
-            assert_eq!(r.join().unwrap().unwrap_err(), "piece 1 does not match its digest");
+            assert_eq!(
+                r.join().unwrap().unwrap_err(),
+                "piece 1 does not match its digest"
+            );
         }
         assert_eq!(a.next_run(4), None);
         assert_eq!(a.next_wanted(Duration::ZERO), None);
         assert!(!a.have(&(0..0)) || a.failure().is_some());
+    }
+
+    #[test]
+    fn a_failure_is_told_once_before_readers_hear_of_it() {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let a = {
+            let told = told.clone();
+            Arrivals::telling(
+                1,
+                Some(Box::new(move |why: &str| {
+                    told.lock().unwrap().push(why.to_string())
+                })),
+            )
+        };
+        a.fail("first");
+        a.fail("second");
+        assert_eq!(*told.lock().unwrap(), ["first"]);
+        assert_eq!(a.wait_for(0..1, Duration::ZERO).unwrap_err(), "first");
     }
 
     #[test]

@@ -77,10 +77,9 @@ impl Fetch {
                     }
                     _ => {
                         self.arrivals.give_back(run);
-                        return self.arrivals.fail(&format!(
-                            "{why} (tried {} times)",
-                            RETRIES.len() + 1
-                        ));
+                        return self
+                            .arrivals
+                            .fail(&format!("{why} (tried {} times)", RETRIES.len() + 1));
                     }
                 },
             }
@@ -95,35 +94,37 @@ impl Fetch {
         let mut piece = run.start;
         let mut buf: Vec<u8> = Vec::with_capacity(self.pieces.size as usize);
         let mut bad = None;
-        let fetched = self
-            .session
-            .blob_range(&self.reference, &self.digest, offset, len, |mut bytes| {
-                while !bytes.is_empty() {
-                    let (at, want) = self.pieces.range(piece, self.size);
-                    let take = (want as usize - buf.len()).min(bytes.len());
-                    buf.extend_from_slice(&bytes[..take]);
-                    bytes = &bytes[take..];
-                    if buf.len() as u64 == want {
-                        if !self.pieces.matches(piece, &buf) {
-                            bad = Some(format!(
-                                "bytes {at}..{} of {} from the registry do not match their \
+        let fetched =
+            self.session
+                .blob_range(&self.reference, &self.digest, offset, len, |mut bytes| {
+                    while !bytes.is_empty() {
+                        let (at, want) = self.pieces.range(piece, self.size);
+                        let take = (want as usize - buf.len()).min(bytes.len());
+                        buf.extend_from_slice(&bytes[..take]);
+                        bytes = &bytes[take..];
+                        if buf.len() as u64 == want {
+                            if !self.pieces.matches(piece, &buf) {
+                                bad = Some(format!(
+                                    "bytes {at}..{} of {} from the registry do not match their \
                                  digest in the snapshot's manifest: the blob was changed or \
                                  damaged there",
-                                at + want,
-                                self.digest
-                            ));
-                            return Err(crate::Error::from("a piece did not match its digest".to_string()));
+                                    at + want,
+                                    self.digest
+                                ));
+                                return Err(crate::Error::from(
+                                    "a piece did not match its digest".to_string(),
+                                ));
+                            }
+                            self.data
+                                .write_all_at(&buf, at)
+                                .map_err(|e| crate::Error::from(format!("write the blob: {e}")))?;
+                            self.arrivals.arrived(piece);
+                            piece += 1;
+                            buf.clear();
                         }
-                        self.data
-                            .write_all_at(&buf, at)
-                            .map_err(|e| crate::Error::from(format!("write the blob: {e}")))?;
-                        self.arrivals.arrived(piece);
-                        piece += 1;
-                        buf.clear();
                     }
-                }
-                Ok(())
-            });
+                    Ok(())
+                });
         if let Some(why) = bad {
             return Err(Failed::Never(why));
         }

@@ -72,11 +72,20 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
     let session = session::sessions_as(&access, &reference, Use::Pull, Some(&credentials))?
         .into_iter()
         .find(|s| s.endpoint.host == job.endpoint)
-        .ok_or_else(|| failed(format!("no endpoint {} for {}", job.endpoint, job.reference)))?;
+        .ok_or_else(|| {
+            failed(format!(
+                "no endpoint {} for {}",
+                job.endpoint, job.reference
+            ))
+        })?;
     session
         .login(&reference, oci_client::RegistryOperation::Pull)
         .map_err(|e| failed(e.to_string()))?;
-    let arrivals = Arc::new(Arrivals::new(job.pieces.count_for(job.size)));
+    let note = lazy.failure_note();
+    let arrivals = Arc::new(Arrivals::telling(
+        job.pieces.count_for(job.size),
+        Some(Box::new(move |why: &str| note.write(why))),
+    ));
     let fetch = Arc::new(Fetch {
         session: Arc::new(session),
         reference,

@@ -49,7 +49,8 @@ impl Store {
         let lock = Lock::take(&lock_path(&dir))?;
         if dir.exists() {
             detach_mount(&dir.join(super::super::pieces::LAZY_FILE));
-            fs::remove_dir_all(&dir).map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+            fs::remove_dir_all(&dir)
+                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
         }
         make_private_dir(&dir)?;
         let made = (|| -> std::io::Result<()> {
@@ -96,7 +97,11 @@ impl Store {
     /// than [`FAILED_MAX_AGE`] ago (its reason is still wanted). How many went.
     pub(super) fn gc_lazy(&self) -> usize {
         let mut removed = 0;
-        for entry in fs::read_dir(self.root.join("lazy")).into_iter().flatten().flatten() {
+        for entry in fs::read_dir(self.root.join("lazy"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
             if let Some(of) = name.strip_suffix(".lock") {
@@ -167,7 +172,13 @@ impl LazyBlob {
     /// Serving failed for `reason`: the fetched bytes go, the reason stays for the shim.
     pub fn fail(&self, reason: &str) {
         let _ = fs::remove_file(self.data());
-        let _ = write_atomic(&self.dir.join("failed"), reason.as_bytes(), 0o600);
+        self.failure_note().write(reason);
+    }
+
+    /// Where why serving failed is written: handed to the readers' side, which must say so
+    /// before any read fails.
+    pub fn failure_note(&self) -> FailureNote {
+        FailureNote(self.dir.join("failed"))
     }
 
     /// Done serving: the directory goes unless it failed (its reason is kept); the lock is let
@@ -178,6 +189,19 @@ impl LazyBlob {
             if let Some(lock) = self.lock.take() {
                 lock.remove();
             }
+        }
+    }
+}
+
+/// The `failed` note of a lazy blob.
+#[derive(Debug, Clone)]
+pub struct FailureNote(PathBuf);
+
+impl FailureNote {
+    /// Writes `reason`, unless a reason is there already.
+    pub fn write(&self, reason: &str) {
+        if !self.0.exists() {
+            let _ = write_atomic(&self.0, reason.as_bytes(), 0o600);
         }
     }
 }

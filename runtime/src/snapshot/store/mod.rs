@@ -43,7 +43,7 @@ use std::{
 pub use fresh::{Fresh, Seal, FRESH_MAX_AGE};
 pub use gc::GcReport;
 pub use ingest::{Commit, Committed, Ingest};
-pub use lazy::{detach_mount, LazyBlob, FAILED_MAX_AGE};
+pub use lazy::{detach_mount, FailureNote, LazyBlob, FAILED_MAX_AGE};
 pub use pointer::{holds_only_a_pointer, Pointer, POINTER};
 pub use refs::Ref;
 pub use restore::RestoreDir;

@@ -51,7 +51,10 @@ impl Store {
             let blob = arriving
                 .iter()
                 .find(|(hex, _)| *hex == f.sha256)
-                .map_or_else(|| self.root.join("blobs/sha256").join(&f.sha256), |(_, p)| p.clone());
+                .map_or_else(
+                    || self.root.join("blobs/sha256").join(&f.sha256),
+                    |(_, p)| p.clone(),
+                );
             std::os::unix::fs::symlink(&blob, &link)
                 .map_err(|e| Error::io(format!("link {}", link.display()), e))?;
         }
@@ -103,9 +106,8 @@ impl RestoreDir {
                 return Some(why.trim().to_string());
             }
             let here = root.join("blobs/sha256").join(hex).exists();
-            (!here && store.lazy_file(hex).is_none()).then(|| {
-                format!("the server of blob sha256:{hex} ended before the blob was whole")
-            })
+            (!here && store.lazy_file(hex).is_none())
+                .then(|| format!("the server of blob sha256:{hex} ended before the blob was whole"))
         })
     }
 }
