@@ -111,13 +111,19 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                 UntilArg::Exited => Until::Exited,
             };
             let status = wait::wait(&client, id, until, *timeout)?;
+            let why = status
+                .and_then(|_| client.container(id).ok())
+                .and_then(|c| c.labels.get(chalk_labels::ENDED_BECAUSE).cloned());
             if table {
                 match status {
                     Some(s) => println!("{s}"),
                     None => println!("{id} running"),
                 }
+                if let Some(why) = &why {
+                    eprintln!("chalkctl: {id} was ended by chalk-shim: {why}");
+                }
             }
-            Ok(json!({"id": id, "exit_status": status}))
+            Ok(json!({"id": id, "exit_status": status, "ended_because": why}))
         }
         _ => unreachable!("main dispatches only this group's commands here"),
     }

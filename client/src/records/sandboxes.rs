@@ -100,6 +100,8 @@ fn describe(
         // Suspended to a registry, its local copy released: where it resumes from.
         "released_to": c.labels.get(chalk_labels::RELEASED_TO),
         "resumed_from": c.labels.get(chalk_labels::RESUMED_FROM),
+        // Why the shim ended it (its memory could not be fetched, say).
+        "ended_because": c.labels.get(chalk_labels::ENDED_BECAUSE),
         "snapshots": mine,
     });
     // A lifetime counts from each start; only a running sandbox has time left.

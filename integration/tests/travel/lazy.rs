@@ -187,6 +187,11 @@ fn ended_with_reason(
             why.contains(reason),
             "{fork} ended, but its record says {why:?}, not {reason:?}"
         );
+        let waited = host.chalkctl_json(&["wait", "--id", fork, "--timeout", "30s"])?;
+        ensure!(
+            waited["exit_status"] == 137 && waited["ended_because"] == why.as_str(),
+            "what chalkctl wait says of {fork}: {waited}"
+        );
         why
     } else {
         ensure!(
