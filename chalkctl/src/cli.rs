@@ -172,9 +172,13 @@ pub enum Command {
         /// The running sandbox to fork (instead of --snapshot-id).
         #[arg(long)]
         id: Option<String>,
-        /// A snapshot in a registry to fork (pulled first: only what this host lacks).
+        /// A snapshot in a registry to fork (pulled first: only what this host lacks; its
+        /// memory arrives while the fork runs, where this host and its runsc allow).
         #[arg(long, value_name = "REF", conflicts_with_all = ["id", "snapshot_id"])]
         snapshot: Option<String>,
+        /// With --snapshot: fetch the memory whole before the fork starts.
+        #[arg(long, requires = "snapshot")]
+        whole: bool,
         #[command(flatten)]
         registry: RegistryArgs,
         /// The new sandbox's id (with --count N: ID-1 .. ID-N); `<source>-fork-<time>` by
@@ -237,9 +241,13 @@ pub enum Command {
     Resume {
         #[arg(long)]
         id: String,
-        /// Pull the snapshot from this registry reference when this host lacks it.
+        /// Pull the snapshot from this registry reference when this host lacks it (its
+        /// memory arrives while the sandbox runs, where this host and its runsc allow).
         #[arg(long, value_name = "REF")]
         from: Option<String>,
+        /// Fetch the memory whole before the sandbox starts.
+        #[arg(long)]
+        whole: bool,
         #[command(flatten)]
         registry: RegistryArgs,
     },
@@ -271,11 +279,11 @@ impl RegistryArgs {
         }
     }
 
-    /// For a pull a restore follows: its memory file may arrive while the sandbox runs,
-    /// served by this program (`chalkctl serve-lazy`).
-    pub fn access_lazy(&self) -> remote::Access {
+    /// For a pull a restore follows: unless `whole`, its memory file may arrive while the
+    /// sandbox runs, served by this program (`chalkctl serve-lazy`).
+    pub fn access_lazy(&self, whole: bool) -> remote::Access {
         remote::Access {
-            lazy_server: std::env::current_exe().ok(),
+            lazy_server: std::env::current_exe().ok().filter(|_| !whole),
             ..self.access()
         }
     }

@@ -9,6 +9,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             snapshot_id,
             id,
             snapshot,
+            whole,
             registry,
             fork_id,
             count,
@@ -33,9 +34,14 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             };
             let pulled = match snapshot {
                 Some(reference) => Some(
-                    pull::pull(&mut client, &registry.access_lazy(), reference, &progress)?
-                        .snapshot
-                        .digest,
+                    pull::pull(
+                        &mut client,
+                        &registry.access_lazy(*whole),
+                        reference,
+                        &progress,
+                    )?
+                    .snapshot
+                    .digest,
                 ),
                 None => None,
             };

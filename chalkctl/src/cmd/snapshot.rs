@@ -133,7 +133,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             registry,
         }) => {
             let access = if *lazy {
-                registry.access_lazy()
+                registry.access_lazy(false)
             } else {
                 registry.access()
             };

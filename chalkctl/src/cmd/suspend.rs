@@ -44,12 +44,17 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             out["elapsed_ms"] = progress.elapsed_ms().into();
             Ok(json!({"id": id, "status": "suspended", "snapshot": out}))
         }
-        Command::Resume { id, from, registry } => {
+        Command::Resume {
+            id,
+            from,
+            whole,
+            registry,
+        } => {
             let id = &names::resolve(&client, id)?;
             let keep = keeping(cli)?;
             let (snapshot, pid, pulled) = moves::resume_from(
                 &mut client,
-                &registry.access_lazy(),
+                &registry.access_lazy(*whole),
                 id,
                 from.as_deref(),
                 Some(&keep),

@@ -51,7 +51,7 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 fn arrived(host: &Env, digest: &str) -> TestResult {
     let deadline = Instant::now() + Duration::from_secs(120);
     let dir = lazy_dir(host, digest);
-    while !(host.store_blob(digest).exists() && !dir.exists()) {
+    while !host.store_blob(digest).exists() || dir.exists() {
         ensure!(
             Instant::now() < deadline,
             "{digest} did not arrive whole: blob {}, {} still there",

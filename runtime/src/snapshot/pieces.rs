@@ -29,7 +29,9 @@ impl Pieces {
 
     /// Whether these digests can describe a file of `len` bytes.
     pub fn fit(&self, len: u64) -> bool {
-        self.size > 0 && self.size % 4096 == 0 && self.count_for(len) == self.sha256.len() as u64
+        self.size > 0
+            && self.size.is_multiple_of(4096)
+            && self.count_for(len) == self.sha256.len() as u64
     }
 
     /// The byte range (offset, length) of piece `i` of a file of `len` bytes.

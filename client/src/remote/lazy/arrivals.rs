@@ -110,27 +110,36 @@ impl Arrivals {
         }
     }
 
-    /// A piece a reader waits for, now claimed by the caller (waits up to `idle` for one);
-    /// None when there is none, or serving has ended.
-    pub fn next_wanted(&self, idle: Duration) -> Option<u64> {
+    /// A piece a reader waits for and up to `max - 1` pieces after it not here or on their
+    /// way, claimed by the caller (waits up to `idle` for one); None when there is none, or
+    /// serving has ended. runsc's own loader reads ahead in order, so what it waits for is
+    /// usually the start of a run worth one request.
+    pub fn next_wanted(&self, max: u64, idle: Duration) -> Option<Range<u64>> {
         let mut st = self.state.lock().unwrap();
-        if let Some(i) = Self::take_wanted(&mut st) {
-            return Some(i);
+        if let Some(run) = Self::take_wanted(&mut st, max) {
+            return Some(run);
         }
         if st.failed.is_some() || st.here == st.pieces.len() as u64 {
             return None;
         }
         st = self.changed.wait_timeout(st, idle).unwrap().0;
-        Self::take_wanted(&mut st)
+        Self::take_wanted(&mut st, max)
     }
 
-    fn take_wanted(st: &mut State) -> Option<u64> {
+    fn take_wanted(st: &mut State, max: u64) -> Option<Range<u64>> {
         if st.failed.is_some() {
             return None;
         }
-        let i = st.pieces.iter().position(|p| *p == Piece::Wanted)?;
-        st.pieces[i] = Piece::Fetching;
-        Some(i as u64)
+        let start = st.pieces.iter().position(|p| *p == Piece::Wanted)?;
+        let mut end = start;
+        while end < st.pieces.len()
+            && ((end - start) as u64) < max
+            && matches!(st.pieces[end], Piece::Wanted | Piece::Missing)
+        {
+            st.pieces[end] = Piece::Fetching;
+            end += 1;
+        }
+        Some(start as u64..end as u64)
     }
 
     /// The next run of up to `max` missing pieces in order, claimed for the background
@@ -217,14 +226,12 @@ mod tests {
             let a = a.clone();
             std::thread::spawn(move || a.wait_for(7..9, Duration::from_secs(10)))
         };
-        let wanted = (0..2)
-            .map(|_| loop {
-                if let Some(i) = a.next_wanted(Duration::from_millis(50)) {
-                    break i;
-                }
-            })
-            .collect::<Vec<_>>();
-        assert_eq!(wanted, [7, 8]);
+        let wanted = loop {
+            if let Some(run) = a.next_wanted(2, Duration::from_millis(50)) {
+                break run;
+            }
+        };
+        assert_eq!(wanted, 7..9);
         a.arrived(7);
         a.arrived(8);
         reader.join().unwrap().unwrap();
@@ -258,7 +265,7 @@ mod tests {
             );
         }
         assert_eq!(a.next_run(4), None);
-        assert_eq!(a.next_wanted(Duration::ZERO), None);
+        assert_eq!(a.next_wanted(4, Duration::ZERO), None);
         assert!(!a.have(&(0..0)) || a.failure().is_some());
     }
 
@@ -285,9 +292,10 @@ mod tests {
         let a = Arrivals::new(2);
         let err = a.wait_for(0..1, Duration::from_millis(20)).unwrap_err();
         assert!(err.contains("did not arrive"), "{err}");
-        assert_eq!(a.next_wanted(Duration::ZERO), Some(0));
+        assert_eq!(a.next_wanted(1, Duration::ZERO), Some(0..1));
         a.give_back(0..1);
-        assert_eq!(a.next_wanted(Duration::ZERO), Some(0));
-        assert_eq!(a.next_run(8), Some(1..2));
+        // A run from a wanted piece takes the missing ones after it.
+        assert_eq!(a.next_wanted(8, Duration::ZERO), Some(0..2));
+        assert_eq!(a.next_run(8), None);
     }
 }

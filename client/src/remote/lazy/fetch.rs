@@ -3,7 +3,13 @@
 //! against its digest before it is written where readers can see it; a range that does not
 //! arrive is asked again a few times, and then serving fails.
 
-use std::{fs::File, ops::Range, os::unix::fs::FileExt, sync::Arc, time::Duration};
+use std::{
+    fs::File,
+    ops::Range,
+    os::unix::fs::FileExt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use chalk_runtime::snapshot::pieces::Pieces;
 use oci_client::Reference;
@@ -31,6 +37,8 @@ pub struct Fetch {
     pub pieces: Pieces,
     pub arrivals: Arc<Arrivals>,
     pub data: Arc<File>,
+    /// The whole file's sha256 so far, and the piece it goes on from.
+    pub whole: Mutex<(u64, Sha256)>,
 }
 
 /// Why a range was not fetched: worth another try, or never.
@@ -55,8 +63,8 @@ impl Fetch {
     /// Fetches pieces readers wait for until every piece is here or serving failed.
     pub fn on_demand(&self) {
         while !self.arrivals.complete() && self.arrivals.failure().is_none() {
-            if let Some(i) = self.arrivals.next_wanted(Duration::from_millis(100)) {
-                self.with_retries(i..i + 1);
+            if let Some(run) = self.arrivals.next_wanted(RUN, Duration::from_millis(100)) {
+                self.with_retries(run);
             }
         }
     }
@@ -145,21 +153,34 @@ impl Fetch {
         }
     }
 
-    /// The whole file's sha256, hashed behind the fetch as its pieces arrive in order:
-    /// whether it is the blob's digest. Fails serving when it is not.
-    pub fn check_whole(&self, wait_limit: Duration) -> Result<(), String> {
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; self.pieces.size as usize];
-        for i in 0..self.arrivals.count() {
-            self.arrivals.wait_quietly(i..i + 1, wait_limit)?;
-            let (at, len) = self.pieces.range(i, self.size);
-            let buf = &mut buf[..len as usize];
+    /// Hashes the pieces from the next one on that are here.
+    fn catch_up(&self, whole: &mut (u64, Sha256)) -> Result<(), String> {
+        let mut buf = Vec::new();
+        while whole.0 < self.arrivals.count() && self.arrivals.have(&(whole.0..whole.0 + 1)) {
+            let (at, len) = self.pieces.range(whole.0, self.size);
+            buf.resize(len as usize, 0);
             self.data
-                .read_exact_at(buf, at)
+                .read_exact_at(&mut buf, at)
                 .map_err(|e| format!("read back the blob: {e}"))?;
-            hasher.update(&*buf);
+            whole.1.update(&buf);
+            whole.0 += 1;
         }
-        let got = format!("sha256:{:x}", hasher.finalize());
+        Ok(())
+    }
+
+    /// Once every piece is here, hashes the whole file (read back from the page cache):
+    /// whether it hashes to the blob's digest. Fails serving when not. Not before: on few
+    /// cores a second hash beside the fetch slows the loading it only confirms (every piece
+    /// was checked already).
+    pub fn check_whole(&self, wait_limit: Duration) -> Result<(), String> {
+        self.arrivals
+            .wait_quietly(0..self.arrivals.count(), wait_limit)?;
+        let mut whole = self.whole.lock().unwrap();
+        self.catch_up(&mut whole)?;
+        if whole.0 != self.arrivals.count() {
+            return Err("the blob's pieces were not all hashed".into());
+        }
+        let got = format!("sha256:{:x}", std::mem::take(&mut whole.1).finalize());
         if got != self.digest {
             let why = format!(
                 "the blob fetched hashes to {got}, not {}: every piece matched, so the \

@@ -94,6 +94,7 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
         pieces: job.pieces.clone(),
         arrivals: arrivals.clone(),
         data: data.clone(),
+        whole: Default::default(),
     });
     // The first piece proves the registry serves ranges (and the credentials work) before
     // anything depends on this server.
