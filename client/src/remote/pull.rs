@@ -140,6 +140,23 @@ pub fn pull(
         // memory file's server starts last, once nothing else can fail the pull but import.
         let mut files: Vec<_> = layout.files.iter().collect();
         files.sort_by_key(|d| d.title() == Some(LAZY_FILE));
+        let lazy_server = access.lazy_server.as_deref().and_then(|exe| {
+            let memory = layout.files.iter().find(|d| d.title() == Some(LAZY_FILE));
+            let why = match memory {
+                Some(d) if store.has_blob(&d.digest) => return None,
+                Some(d) => lazy_unavailable(&m, &host, d.size),
+                None => Some(host_cannot_serve(&host).unwrap_or_else(|| {
+                    "its memory is not a separate pages.img (written by another runsc)".into()
+                })),
+            };
+            match why {
+                None => Some(exe),
+                Some(why) => {
+                    progress.step(&format!("fetching the snapshot's memory whole: {why}"));
+                    None
+                }
+            }
+        });
         for d in files {
             if store.has_blob(&d.digest) {
                 t.present(d.size);
@@ -148,37 +165,34 @@ pub fn pull(
             let hex = oci::sha256_hex_of(&d.digest)
                 .ok_or_else(|| not_ours(format!("{} is not a sha256 digest", d.digest)))?;
             let title = d.title().unwrap_or("blob");
-            if let Some(exe) = access.lazy_server.as_deref().filter(|_| title == LAZY_FILE) {
-                let served = lazy_unavailable(&m, &host, d.size).map_or_else(
-                    || {
-                        let job = lazy::Job {
-                            store: store.root().to_path_buf(),
-                            reference: r.whole(),
-                            digest: d.digest.clone(),
-                            size: d.size,
-                            pieces: pieces_of(&m).cloned().unwrap_or_else(|| Pieces {
-                                size: 0,
-                                sha256: Vec::new(),
-                            }),
-                            hosts_dir: access.hosts_dir.clone(),
-                            plain_http: access.plain_http,
-                            endpoint: s.endpoint.host.clone(),
-                            credentials: match s.credentials() {
-                                Credentials::Basic { user, password } => {
-                                    Some((user.clone(), password.clone()))
-                                }
-                                Credentials::Anonymous => None,
-                            },
-                            record: Some(lazy::Record {
-                                address: client.address().to_string(),
-                                namespace: client.namespace().to_string(),
-                                name: snapshot.name.clone(),
-                            }),
-                        };
-                        lazy::start(exe, &job)
-                    },
-                    |why| Err(Error::from(why)),
-                );
+            if let Some(exe) = lazy_server.filter(|_| title == LAZY_FILE) {
+                let served = {
+                    let job = lazy::Job {
+                        store: store.root().to_path_buf(),
+                        reference: r.whole(),
+                        digest: d.digest.clone(),
+                        size: d.size,
+                        pieces: pieces_of(&m).cloned().unwrap_or_else(|| Pieces {
+                            size: 0,
+                            sha256: Vec::new(),
+                        }),
+                        hosts_dir: access.hosts_dir.clone(),
+                        plain_http: access.plain_http,
+                        endpoint: s.endpoint.host.clone(),
+                        credentials: match s.credentials() {
+                            Credentials::Basic { user, password } => {
+                                Some((user.clone(), password.clone()))
+                            }
+                            Credentials::Anonymous => None,
+                        },
+                        record: Some(lazy::Record {
+                            address: client.address().to_string(),
+                            namespace: client.namespace().to_string(),
+                            name: snapshot.name.clone(),
+                        }),
+                    };
+                    lazy::start(exe, &job)
+                };
                 match served {
                     Ok(()) => {
                         progress.step(&format!(
@@ -188,7 +202,9 @@ pub fn pull(
                         t.bytes_arriving += d.size;
                         continue;
                     }
-                    Err(why) => progress.step(&format!("fetching {title} whole: {why}")),
+                    Err(why) => {
+                        progress.step(&format!("fetching the snapshot's memory whole: {why}"))
+                    }
                 }
             }
             let part = ingest.part_path(hex);
@@ -240,15 +256,20 @@ fn pieces_of(m: &Manifest) -> Option<&Pieces> {
 
 /// Why this pull cannot leave the memory file to arrive while it is read, if it cannot.
 fn lazy_unavailable(m: &Manifest, host: &Host, size: u64) -> Option<String> {
-    if !host.lazy_restore {
-        return Some(
-            "this host's runsc does not restore in the background (or lazy_restore is off)".into(),
-        );
+    if let Some(why) = host_cannot_serve(host) {
+        return Some(why);
     }
     if !pieces_of(m).is_some_and(|p| p.fit(size)) {
         return Some("the snapshot has no piece digests (taken by an older chalk-shim)".into());
     }
     lazy::unavailable()
+}
+
+/// Why this host cannot restore from a memory file that still arrives, if it cannot.
+fn host_cannot_serve(host: &Host) -> Option<String> {
+    (!host.lazy_restore).then(|| {
+        "this host's runsc does not restore in the background (or lazy_restore is off)".into()
+    })
 }
 
 /// Refuses a snapshot this host cannot restore, naming what differs, before its memory is

@@ -88,7 +88,8 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
             &h.a,
             &["snapshot", "push", "--snapshot-id", &first, &first_ref],
         )?;
-        let first_pages = pages_digest(&h.a, &first)?;
+        // Debian's runsc keeps memory inside checkpoint.img: no pages.img to arrive.
+        let first_pages = lazy.then(|| pages_digest(&h.a, &first)).transpose()?;
         let count_before = h.a.count(id)?;
         let suspended_ref = h.reference("lazy/tl-src:suspended");
         let out = h.json(
@@ -114,7 +115,7 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
             );
         } else {
             ensure!(
-                out.stderr.matches("fetching pages.img whole").count() == 1,
+                out.stderr.matches("fetching the snapshot's memory whole").count() == 1,
                 "without a background restore the pull says once that it fetches all: {out:?}"
             );
         }
@@ -126,8 +127,10 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
             files.stdout.trim() == (64u64 << 20).to_string(),
             "the 64 MB in memory after the move: {files:?}"
         );
-        let pages = pages_digest(&h.b, &suspended)?;
-        arrived(&h.b, &pages)?;
+        let pages = lazy.then(|| pages_digest(&h.b, &suspended)).transpose()?;
+        if let Some(pages) = &pages {
+            arrived(&h.b, pages)?;
+        }
 
         // Another snapshot, forked on B as it arrives.
         let out = h.chalkctl(&h.b, &["fork", "--snapshot", &first_ref, "--fork-id", fork]);
@@ -139,7 +142,9 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
         );
         let n = h.b.count(fork)?;
         h.b.count_reaches(fork, n + 2)?;
-        arrived(&h.b, &first_pages)?;
+        if let Some(first_pages) = &first_pages {
+            arrived(&h.b, first_pages)?;
+        }
 
         // A second restore of the arrived blob fetches nothing and serves nothing.
         let pulled = h.json(&h.b, &["snapshot", "pull", &suspended_ref])?;
@@ -154,7 +159,7 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
         let n = h.b.count(again)?;
         h.b.count_reaches(again, n + 2)?;
         ensure!(
-            !lazy_dir(&h.b, &pages).exists(),
+            !pages.is_some_and(|p| lazy_dir(&h.b, &p).exists()),
             "a restore of an arrived blob started a server"
         );
         testkit::note(format!(
