@@ -15,6 +15,7 @@
 
 pub mod clock;
 pub mod containerd;
+pub mod detached;
 pub mod error;
 pub mod ops;
 pub mod progress;

@@ -72,6 +72,20 @@ impl Hosts {
         serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
     }
 
+    /// Suspends `id` on `host` to `reference`, releasing the local copy: what chalkctl said,
+    /// and the suspend snapshot's id.
+    fn suspend_to(&self, host: &Env, id: &str, reference: &str) -> Result<(Value, String), Failed> {
+        let out = self.json(
+            host,
+            &["suspend", "--id", id, "--to", reference, "--release"],
+        )?;
+        let snapshot = out["snapshot"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok((out, snapshot))
+    }
+
     /// GET `/v2/<this run's namespace>/<path>` from the registry, as JSON.
     fn registry_get(&self, path: &str) -> Result<Value, Failed> {
         let run = self.registry.addr.rsplit(':').next().unwrap_or("0");
@@ -220,14 +234,7 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
         // Suspended to the registry and released: no sandbox and no snapshot left on A.
         let count_before = h.a.count(id)?;
         let suspended_ref = h.reference("travel/tr-src:suspended");
-        let out = h.json(
-            &h.a,
-            &["suspend", "--id", id, "--to", &suspended_ref, "--release"],
-        )?;
-        let suspended = out["snapshot"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let (out, suspended) = h.suspend_to(&h.a, id, &suspended_ref)?;
         let second = &out["pushed"]["transfer"];
         eprintln!("travel: second push (suspend) {second}");
         ensure!(

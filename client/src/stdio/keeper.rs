@@ -15,7 +15,6 @@ use std::{
     os::unix::{
         fs::OpenOptionsExt,
         net::{UnixListener, UnixStream},
-        process::CommandExt,
     },
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Stdio as Piped},
@@ -87,15 +86,7 @@ impl Keeping {
         cmd.stdin(Piped::piped())
             .stdout(Piped::piped())
             .stderr(Piped::null());
-        // A session of its own: the keys of the terminal chalkctl ran on (Ctrl-C) are not
-        // for it, and it outlives that terminal.
-        // SAFETY: setsid is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        crate::detached::in_own_session(&mut cmd);
         let mut child = cmd
             .spawn()
             .map_err(|e| Error::from(format!("start the stdio keeper of {id}: {e}")))?;

@@ -92,14 +92,7 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
         let first_pages = lazy.then(|| pages_digest(&h.a, &first)).transpose()?;
         let count_before = h.a.count(id)?;
         let suspended_ref = h.reference("lazy/tl-src:suspended");
-        let out = h.json(
-            &h.a,
-            &["suspend", "--id", id, "--to", &suspended_ref, "--release"],
-        )?;
-        let suspended = out["snapshot"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let (_, suspended) = h.suspend_to(&h.a, id, &suspended_ref)?;
         let (_, m) = h.a.stored_snapshot(&first)?;
         let pages_size = layer(&m, "pages.img").and_then(|l| l["size"].as_u64());
 
@@ -115,7 +108,10 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
             );
         } else {
             ensure!(
-                out.stderr.matches("fetching the snapshot's memory whole").count() == 1,
+                out.stderr
+                    .matches("fetching the snapshot's memory whole")
+                    .count()
+                    == 1,
                 "without a background restore the pull says once that it fetches all: {out:?}"
             );
         }

@@ -18,7 +18,6 @@ pub mod serve;
 
 use std::{
     io::{BufRead, BufReader, Write},
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::Stdio,
     time::Duration,
@@ -92,14 +91,7 @@ pub fn start(exe: &Path, job: &Job) -> Result<()> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    // A session of its own: it outlives the command that pulled, and its terminal.
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    crate::detached::in_own_session(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::from(format!("start the server of pages.img: {e}")))?;

@@ -35,18 +35,26 @@ fn commit(store: &Store, ingest: Ingest) -> Committed {
         .unwrap()
 }
 
-#[test]
-fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
-    let tmp = tempfile::tempdir().unwrap();
-    let a = Store::open(&tmp.path().join("a")).unwrap();
+/// A snapshot (checkpoint.img "state", pages.img "pages") committed to a store under
+/// `root/a`, and the small blobs a pull fetches before its files: the chalk manifest, the
+/// spec and the empty config.
+fn committed_on_a(root: &Path) -> (Store, Committed, Vec<Vec<u8>>) {
+    let a = Store::open(&root.join("a")).unwrap();
     let files: &[(&str, &[u8])] = &[("checkpoint.img", b"state"), ("pages.img", b"pages")];
     let c = commit(&a, sealed(&a, "default+one", files));
     let snap = a.open_snapshot(&c.manifest.digest).unwrap();
-    let small: Vec<Vec<u8>> = [&snap.layout.chalk_manifest, &snap.layout.spec]
+    let small = [&snap.layout.chalk_manifest, &snap.layout.spec]
         .iter()
         .map(|d| a.read_blob(&d.digest).unwrap())
         .chain([oci::EMPTY_DATA.to_vec()])
         .collect();
+    (a, c, small)
+}
+
+#[test]
+fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, c, small) = committed_on_a(tmp.path());
     let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
 
     // Host B already has pages.img (an earlier snapshot): only checkpoint.img is fetched.
@@ -387,15 +395,7 @@ fn a_pointer_names_a_snapshot_by_digest_or_by_token() {
 #[test]
 fn a_lazy_blob_is_read_through_its_server_until_it_is_whole() {
     let tmp = tempfile::tempdir().unwrap();
-    let a = Store::open(&tmp.path().join("a")).unwrap();
-    let files: &[(&str, &[u8])] = &[("checkpoint.img", b"state"), ("pages.img", b"pages")];
-    let c = commit(&a, sealed(&a, "default+one", files));
-    let snap = a.open_snapshot(&c.manifest.digest).unwrap();
-    let small: Vec<Vec<u8>> = [&snap.layout.chalk_manifest, &snap.layout.spec]
-        .iter()
-        .map(|d| a.read_blob(&d.digest).unwrap())
-        .chain([oci::EMPTY_DATA.to_vec()])
-        .collect();
+    let (_, c, small) = committed_on_a(tmp.path());
     let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
     let pages = &oci::sha256_digest(b"pages")["sha256:".len()..];
 
