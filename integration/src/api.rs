@@ -61,6 +61,23 @@ impl Api {
         TasksClient::new(self.channel.clone())
     }
 
+    /// Tasks.Update with annotations only (what the node agent sends chalk-shim).
+    pub fn update_annotations(&self, id: &str, annotations: &[(&str, &str)]) -> Result<(), String> {
+        let req = UpdateTaskRequest {
+            container_id: id.to_string(),
+            resources: None,
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let req = with_namespace!(req, self.namespace);
+        self.rt
+            .block_on(self.tasks().update(req))
+            .map(drop)
+            .map_err(|e| format!("update of task {id}: {}", e.message()))
+    }
+
     /// Tasks.Update with new Linux resources (the OCI `LinuxResources` JSON).
     pub fn update_resources(&self, id: &str, resources: &serde_json::Value) -> Result<(), String> {
         let req = UpdateTaskRequest {

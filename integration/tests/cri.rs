@@ -240,6 +240,64 @@ fn a_failing_container_leaves_its_pod_running(e: &CriEnv) -> TestResult {
     e.stop_and_remove(&pod)
 }
 
+/// The node agent's hold on a pod's stop (`chalk.io/hold-stop`, a task Update's annotation,
+/// through containerd's own API): the kubelet's StopContainer is answered while the container
+/// runs on, until the agent's `kill` ends it with SIGKILL; the SIGKILL that StopContainer
+/// sends at its timeout goes through without the agent.
+fn an_armed_pod_runs_through_its_stop_until_the_agent_says(e: &CriEnv) -> TestResult {
+    use chalk_integration::api::Api;
+    let pod = e.cri.run_pod("held", CRI_HANDLER, false)?;
+    let web = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
+    let side = e.cri.run_container(&pod, "side", IMAGE, COUNTER)?;
+    let api = Api::connect(&e.c.socket(), "k8s.io")?;
+    let hold = chalk_labels::HOLD_STOP;
+    let refused = api.update_annotations(&web, &[(hold, "arm")]).unwrap_err();
+    ensure!(refused.contains("sandbox container"), "{refused}");
+    api.update_annotations(&pod, &[(hold, "arm")])?;
+    let stopping = {
+        let cri = Cri::connect(&e.c.socket())?;
+        let web = web.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            cri.stop_container(&web, 60 * SECOND).map(|()| t.elapsed())
+        })
+    };
+    // The timeout is what ends a hold nobody releases.
+    let started = Instant::now();
+    e.cri.stop_container(&side, 2 * SECOND)?;
+    let side_took = started.elapsed();
+    ensure!(
+        side_took >= 2 * SECOND && side_took < 10 * SECOND,
+        "the side container's stop took {side_took:?}: its SIGKILL at 2 s ends it"
+    );
+    let before = e.counter(&web)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = e.counter(&web)?;
+    ensure!(
+        after > before,
+        "web stopped counting while its stop was held"
+    );
+    ensure!(
+        !stopping.is_finished(),
+        "web's StopContainer returned while held"
+    );
+    api.update_annotations(&pod, &[(hold, "kill")])?;
+    let took = stopping
+        .join()
+        .map_err(|_| Failed::from("the stopping thread panicked"))??;
+    ensure!(
+        took < 10 * SECOND,
+        "web's stop took {took:?} after the agent's kill"
+    );
+    let status = e.cri.container_status(&web)?;
+    ensure!(
+        status.exit_code == 137,
+        "web ended with {} (SIGKILL: 137)",
+        status.exit_code
+    );
+    e.stop_and_remove(&pod)
+}
+
 /// chalkctl snapshots a pod's whole sandbox through its sandbox container, and the pod keeps
 /// running; a pod's other containers are not checkpointed on their own. A runsc that cannot
 /// checkpoint a running pod in place refuses before touching it.
@@ -829,6 +887,7 @@ fn main() {
         a_failing_container_leaves_its_pod_running,
         pod_snapshot_keeps_the_pod_running,
         a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why,
+        an_armed_pod_runs_through_its_stop_until_the_agent_says,
     ]
     .into_iter()
     .chain(

@@ -32,6 +32,17 @@ pub const PRIVATE_MOUNTS_OF: &str = "chalk.io/private-mounts-of";
 /// a controller's pod template; reaches the shim through CRI (`pod_annotations`), which restores
 /// the pod from it where the runtime options' `[restore_from]` allow.
 pub const RESTORE_FROM: &str = "chalk.io/restore-from";
+/// On a pod: the snapshot a suspended sandbox resumes from, in the same forms as
+/// [`RESTORE_FROM`], which it overrides. Written by the node agent when it suspends an
+/// agent-sandbox Sandbox (into its pod template, or its claim's pod metadata) and cleared once
+/// the pod has resumed; a template's own `restore-from` (a warm pool's golden snapshot) is
+/// left alone. Read by the shim as `restore-from` is.
+pub const RESUME_FROM: &str = "chalk.io/resume-from";
+/// On a task Update: `arm` holds the stop signals of a pod's containers (a kill other than
+/// SIGKILL is answered but not delivered), `release` delivers them, `kill` delivers SIGKILL
+/// instead (the pod was snapshotted: nothing may run after it). Written by the node agent
+/// around a suspend; read by the shim.
+pub const HOLD_STOP: &str = "chalk.io/hold-stop";
 
 // Container labels.
 
@@ -124,6 +135,8 @@ pub const ALL: &[&str] = &[
     GPU_ANNOTATION,
     PRIVATE_MOUNTS_OF,
     RESTORE_FROM,
+    RESUME_FROM,
+    HOLD_STOP,
     EXPIRES_AT_LABEL,
     NAME_LABEL,
     FORKED_FROM,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::snapshot::extra::{MemberRole, PodFacts};
-pub use chalk_labels::RESTORE_FROM;
+pub use chalk_labels::{RESTORE_FROM, RESUME_FROM};
 
 /// CRI's annotations of a pod's namespace and name (on the sandbox container's spec).
 pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
@@ -87,8 +87,21 @@ pub enum RestoreSource {
     Remote { reference: String, id: String },
 }
 
+/// The snapshot a pod's sandbox spec asks to start from, and the annotation that asks:
+/// `chalk.io/resume-from` (its own suspend's) before `chalk.io/restore-from`.
+pub fn asked(spec: &serde_json::Value) -> Option<(&'static str, &str)> {
+    [RESUME_FROM, RESTORE_FROM]
+        .into_iter()
+        .find_map(|key| crate::spec::annotation(spec, key).map(|v| (key, v)))
+}
+
 impl RestoreSource {
     pub fn parse(value: &str) -> Result<RestoreSource, String> {
+        Self::parse_from(RESTORE_FROM, value)
+    }
+
+    /// As [`RestoreSource::parse`], `value` given by annotation `key`.
+    pub fn parse_from(key: &str, value: &str) -> Result<RestoreSource, String> {
         let value = value.trim();
         let form = "give `sha256:<64 hex digits>` (a snapshot in this node's store) or \
                     `REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex digits>`";
@@ -103,14 +116,14 @@ impl RestoreSource {
                 })
             }
             Some((_, id)) if !is_digest(id) => Err(format!(
-                "{RESTORE_FROM} {value:?}: {id:?} is no sha256 digest: {form}"
+                "{key} {value:?}: {id:?} is no sha256 digest: {form}"
             )),
             Some(_) => Err(format!(
-                "{RESTORE_FROM} {value:?}: the reference before @ is not a registry reference: \
+                "{key} {value:?}: the reference before @ is not a registry reference: \
                  {form}"
             )),
             None => Err(format!(
-                "{RESTORE_FROM} {value:?} is not pinned by digest (a tag could move): {form}"
+                "{key} {value:?} is not pinned by digest (a tag could move): {form}"
             )),
         }
     }
@@ -258,6 +271,21 @@ mod tests {
         // What a push prints (a tag and the digest): the tag is dropped, the digest pins it.
         let tagged = RestoreSource::parse(&format!("127.0.0.1:5000/snaps/app:v1@{D}")).unwrap();
         assert_eq!(tagged, r);
+    }
+
+    #[test]
+    fn a_suspends_own_snapshot_comes_before_the_templates() {
+        let spec = |a: serde_json::Value| serde_json::json!({ "annotations": a });
+        assert_eq!(asked(&spec(serde_json::json!({}))), None);
+        let golden = spec(serde_json::json!({ RESTORE_FROM: "sha256:golden" }));
+        assert_eq!(asked(&golden), Some((RESTORE_FROM, "sha256:golden")));
+        let both = spec(serde_json::json!({
+            RESTORE_FROM: "sha256:golden",
+            RESUME_FROM: "sha256:own",
+        }));
+        assert_eq!(asked(&both), Some((RESUME_FROM, "sha256:own")));
+        let err = RestoreSource::parse_from(RESUME_FROM, "latest").unwrap_err();
+        assert!(err.starts_with(RESUME_FROM), "{err}");
     }
 
     #[test]

@@ -223,7 +223,10 @@ impl Task for TaskService {
             .as_ref()
             .map(|r| r.value.as_slice())
             .unwrap_or_default();
-        rpc(self.0.update(&req.id, resources).map(|()| Empty::new()))
+        rpc(self
+            .0
+            .update_task(&req.id, resources, &req.annotations)
+            .map(|()| Empty::new()))
     }
 
     fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> ttrpc::Result<Empty> {

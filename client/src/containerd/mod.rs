@@ -34,7 +34,7 @@ use containerd_client::{
         InfoRequest as ContentInfoRequest, KillRequest, ListContainersRequest, ListImagesRequest,
         ReadContentRequest, ResizePtyRequest, Resource as LeaseResource, StartRequest,
         UpdateContainerRequest, UpdateImageRequest, UpdateRequest as UpdateContentRequest,
-        WaitRequest, WriteAction, WriteContentRequest,
+        UpdateTaskRequest, WaitRequest, WriteAction, WriteContentRequest,
     },
     tonic::{transport::Channel, Code, Request, Status},
     types::{Descriptor, Mount},

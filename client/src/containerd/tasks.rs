@@ -182,6 +182,20 @@ impl Client {
             .map_err(|e| describe(&format!("signal {signal} to {id}"), e))
     }
 
+    /// Tells chalk-shim, through a task Update's annotation, to arm, release or kill the held
+    /// stop signals of pod sandbox `id` (`chalk.io/hold-stop`: `arm`, `release`, `kill`).
+    pub fn hold_stop(&self, id: &str, verdict: &str) -> Result<()> {
+        let req = self.req(UpdateTaskRequest {
+            container_id: id.to_string(),
+            resources: None,
+            annotations: HashMap::from([(chalk_labels::HOLD_STOP.to_string(), verdict.into())]),
+        });
+        self.rt
+            .block_on(TasksClient::new(self.channel.clone()).update(req))
+            .map(drop)
+            .map_err(|e| describe(&format!("{} {verdict} of {id}", chalk_labels::HOLD_STOP), e))
+    }
+
     /// Closes the stdin of process `exec_id` of sandbox `id`.
     pub fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
         let req = self.req(CloseIoRequest {

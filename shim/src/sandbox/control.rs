@@ -75,6 +75,9 @@ impl Sandboxes {
             _ => {}
         }
         drop(st);
+        if exec_id.is_empty() && self.held(&c, id, signal, all) {
+            return Ok(());
+        }
         if exec_id.is_empty() && c.pending_pod_members.load(Ordering::SeqCst) > 0 {
             // A restored pod sandbox still waiting for its containers has no process back in
             // it for runsc to signal: any signal ends the sandbox process, which is ours.
@@ -199,6 +202,20 @@ impl Sandboxes {
 
     /// New limits (OCI `LinuxResources` JSON) go to the sandbox's host cgroup, which is what
     /// bounds the whole sandbox.
+    /// New limits (OCI `LinuxResources` JSON), and the node agent's `chalk.io/hold-stop`
+    /// among `annotations`.
+    pub fn update_task(
+        &self,
+        id: &str,
+        resources: &[u8],
+        annotations: &std::collections::HashMap<String, String>,
+    ) -> Result<()> {
+        if let Some(v) = annotations.get(chalk_labels::HOLD_STOP) {
+            self.hold_stop(id, super::Verdict::parse(v)?)?;
+        }
+        self.update(id, resources)
+    }
+
     pub fn update(&self, id: &str, resources: &[u8]) -> Result<()> {
         let c = self.container(id)?;
         if resources.is_empty() {

@@ -92,6 +92,8 @@ impl Sandboxes {
         log::debug!("container {id}: cleaned up in {:?}", cleaning.elapsed());
         let _ = std::fs::remove_file(c.init_pid_path());
         self.inner.containers.lock().unwrap().remove(id);
+        // A pod gone takes its hold with it (what it held ended with it).
+        self.inner.holds.release(id);
 
         let mut ev = TaskDelete::new();
         ev.container_id = id.to_string();

@@ -12,6 +12,7 @@ mod create;
 mod delete;
 mod exec;
 mod exits;
+mod hold;
 mod launch;
 mod pod;
 mod pod_restore;
@@ -30,6 +31,7 @@ use containerd_shim::ExitSignal;
 
 pub use create::CreateRequest;
 pub use exec::ExecRequest;
+pub use hold::Verdict;
 pub use seal::Seals;
 
 use crate::{
@@ -57,6 +59,8 @@ struct Inner {
     exit: Arc<ExitSignal>,
     /// Seals still running after their Checkpoint answered.
     seals: Arc<Seals>,
+    /// Pods whose stop signals the node agent holds.
+    holds: hold::Holds,
 }
 
 impl Sandboxes {
@@ -79,6 +83,7 @@ impl Sandboxes {
                 containers: Mutex::new(HashMap::new()),
                 exit,
                 seals,
+                holds: Default::default(),
             }),
         }
     }

@@ -7,9 +7,7 @@
 use chalk_runtime::{
     options::RuntimeOptions,
     pod_restore::CRI_SANDBOX_NAMESPACE,
-    pod_restore::{
-        self, MemberRole, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, RESTORE_FROM,
-    },
+    pod_restore::{self, MemberRole, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME},
     spec::{annotation, CRI_CONTAINER_TYPE},
 };
 use serde_json::Value;
@@ -34,7 +32,7 @@ impl Sandboxes {
         to: Into,
         bundle: &std::path::Path,
     ) -> Result<Option<RestoreFrom>> {
-        let Some(asked) = annotation(spec, RESTORE_FROM) else {
+        let Some((key, asked)) = pod_restore::asked(spec) else {
             return Ok(None);
         };
         match annotation(spec, CRI_CONTAINER_TYPE) {
@@ -43,7 +41,7 @@ impl Sandboxes {
             Some(_) => return Ok(None),
             None => {
                 return Err(ShimError::InvalidArgument(format!(
-                    "container {}: {RESTORE_FROM} is a pod annotation (Kubernetes, through CRI); \
+                    "container {}: {key} is a pod annotation (Kubernetes, through CRI); \
                      a container outside a pod starts from a snapshot with `chalkctl fork \
                      --snapshot-id {asked}` or `ctr containers restore`",
                     to.id
@@ -54,14 +52,14 @@ impl Sandboxes {
         let pod = annotation(spec, CRI_SANDBOX_NAME).unwrap_or(to.id);
         pod_restore::admit(&opts.restore_from, namespace, pod)
             .map_err(ShimError::FailedPrecondition)?;
-        let source = RestoreSource::parse(asked).map_err(ShimError::InvalidArgument)?;
+        let source = RestoreSource::parse_from(key, asked).map_err(ShimError::InvalidArgument)?;
         let id = source.id().to_string();
         let store = chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)?;
         if !store.has_blob(&id) {
             match &source {
                 RestoreSource::Local { .. } => {
                     return Err(ShimError::FailedPrecondition(format!(
-                        "pod {namespace}/{pod}: snapshot {id} ({RESTORE_FROM}) is not in this \
+                        "pod {namespace}/{pod}: snapshot {id} ({key}) is not in this \
                          node's store ({}): take it on this node, or name it by its registry \
                          reference (`REF@{id}`) so that any node can pull it",
                         opts.snapshot.store.display()
@@ -72,7 +70,7 @@ impl Sandboxes {
                         .map_err(|e| {
                             ShimError::FailedPrecondition(format!(
                                 "pod {namespace}/{pod}: snapshot {reference}@{id} \
-                                 ({RESTORE_FROM}) could not be pulled to this node: {e}"
+                                 ({key}) could not be pulled to this node: {e}"
                             ))
                         })?;
                 }

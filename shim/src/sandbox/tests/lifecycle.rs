@@ -215,3 +215,62 @@ fn a_pod_remembers_the_containers_that_ran_to_completion() {
     // What a snapshot of the pod records as completed, and a pod restored from it skips.
     assert_eq!(*root.completed_members.lock().unwrap(), ["setup"]);
 }
+
+#[test]
+fn an_armed_pod_holds_its_containers_stop_until_the_agent_says() {
+    let w = world();
+    let pod = serde_json::json!({
+        "io.kubernetes.cri.container-type": "sandbox",
+        "io.kubernetes.cri.sandbox-id": "pod3",
+    });
+    let member = serde_json::json!({
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": "pod3",
+    });
+    w.create_with("pod3", pod, "", Vec::new()).unwrap();
+    w.create_with("app", member.clone(), "", Vec::new())
+        .unwrap();
+    w.create_with("side", member, "", Vec::new()).unwrap();
+    for id in ["pod3", "app", "side"] {
+        w.shim.start(id, "").unwrap();
+    }
+    let kills = || {
+        w.runtime
+            .state
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("kill "))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let say = |id: &str, v: &str| {
+        let a = std::collections::HashMap::from([(chalk_labels::HOLD_STOP.to_string(), v.into())]);
+        w.shim.update_task(id, &[], &a)
+    };
+    assert!(matches!(
+        say("app", "arm"),
+        Err(ShimError::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        say("pod3", "later"),
+        Err(ShimError::InvalidArgument(_))
+    ));
+    say("pod3", "arm").unwrap();
+    // The kubelet's stop: SIGTERM to each container, answered and kept.
+    w.shim.kill("app", "", 15, false).unwrap();
+    w.shim.kill("side", "", 15, false).unwrap();
+    assert_eq!(kills(), Vec::<String>::new());
+    assert_eq!(w.status("app"), Status::Running);
+    // The grace period ends for one of them: its SIGKILL goes through at once.
+    w.shim.kill("side", "", 9, false).unwrap();
+    assert_eq!(w.shim.wait("side", "").unwrap().status, KILLED);
+    // Snapshotted: what is held is delivered as SIGKILL, and the pod is no longer armed.
+    say("pod3", "kill").unwrap();
+    assert_eq!(w.shim.wait("app", "").unwrap().status, KILLED);
+    assert_eq!(kills().len(), 2, "{:?}", kills());
+    assert!(kills().iter().all(|k| k.contains(" 9 ")), "{:?}", kills());
+    w.shim.kill("pod3", "", 15, false).unwrap();
+    assert_eq!(w.shim.wait("pod3", "").unwrap().status, 128 + 15);
+}
