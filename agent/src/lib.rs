@@ -1,6 +1,7 @@
 //! chalk-shim on Kubernetes: the `PodSnapshot` resource ([`crd`]), what a snapshot, a fork
 //! and a resume make of pods ([`pods`], pure), this node's side through containerd
-//! ([`node`]), the agent that carries PodSnapshots out ([`agent`]), and `kubectl chalk`
+//! ([`node`]), the agent that carries PodSnapshots out ([`agent`]), agent-sandbox's Sandboxes
+//! suspended with their memory ([`sandbox`], pure, and [`sandboxes`]), and `kubectl chalk`
 //! ([`plugin`]).
 
 pub mod agent;
@@ -8,3 +9,5 @@ pub mod crd;
 pub mod node;
 pub mod plugin;
 pub mod pods;
+pub mod sandbox;
+pub mod sandboxes;

@@ -69,8 +69,18 @@ impl Node {
 
     /// Snapshots sandbox `sandbox` in place (it runs on), labelled with its PodSnapshot.
     pub fn snapshot(&self, sandbox: &str, for_snapshot: &str) -> Result<Taken, String> {
+        self.snapshot_labelled(sandbox, POD_SNAPSHOT_LABEL, for_snapshot)
+    }
+
+    /// Snapshots sandbox `sandbox` in place, the snapshot labelled `key`=`value`.
+    pub fn snapshot_labelled(
+        &self,
+        sandbox: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<Taken, String> {
         let mut client = self.client()?;
-        let labels = vec![(POD_SNAPSHOT_LABEL.to_string(), for_snapshot.to_string())];
+        let labels = vec![(key.to_string(), value.to_string())];
         let snap = snapshot::create_named(
             &mut client,
             sandbox,
@@ -95,6 +105,19 @@ impl Node {
         let client = self.client()?;
         push::push(&client, &self.access, id, reference, &Progress::quiet())
             .map(|p| p.reference)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Arms, releases or kills (`verdict`) the shim's hold on pod sandbox `sandbox`'s stop.
+    pub fn hold_stop(&self, sandbox: &str, verdict: &str) -> Result<(), String> {
+        self.client()?
+            .hold_stop(sandbox, verdict)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Removes the snapshots of `repository` beyond the newest `keep`: what was removed.
+    pub fn prune(&self, repository: &str, keep: usize) -> Result<Vec<String>, String> {
+        chalk_client::remote::prune::prune(&self.access, repository, keep)
             .map_err(|e| e.to_string())
     }
 

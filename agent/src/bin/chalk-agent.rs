@@ -5,7 +5,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use chalk_agent::{agent, node::Node};
+use chalk_agent::{agent, node::Node, sandboxes};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -32,6 +32,17 @@ struct Cli {
     /// Plain HTTP to registries hosts.toml does not describe.
     #[arg(long)]
     plain_http: bool,
+    /// `host[:port]/path`: suspended agent-sandbox Sandboxes keep their memory, pushed to
+    /// PATH/NAMESPACE/NAME there. Without it, their pods stop as they would without chalk.
+    #[arg(long, env = "CHALK_SUSPEND_TO")]
+    suspend_to: Option<String>,
+    /// How many snapshots of a Sandbox the registry keeps (the newest).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    keep_snapshots: u16,
+    /// The RuntimeClasses whose handler is chalk-shim (their Sandboxes' pods are suspended
+    /// with their memory).
+    #[arg(long = "runtime-class", default_value = "chalk")]
+    runtime_classes: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -78,7 +89,27 @@ fn main() {
             "chalk-agent on node {node_name}: containerd {}",
             cli.address
         );
-        agent::run(Arc::new(agent::Context::new(client, node_name, node))).await;
+        let snapshots = agent::run(Arc::new(agent::Context::new(
+            client.clone(),
+            node_name.clone(),
+            node.clone(),
+        )));
+        match cli.suspend_to.clone() {
+            Some(suspend_to) => {
+                log::info!(
+                    "Sandboxes suspend to {suspend_to}, keeping {} snapshots each",
+                    cli.keep_snapshots
+                );
+                let settings = sandboxes::Settings {
+                    suspend_to,
+                    keep: cli.keep_snapshots as usize,
+                    runtime_classes: cli.runtime_classes.clone(),
+                };
+                let ctx = sandboxes::Context::new(client, node_name, node, settings);
+                futures::join!(snapshots, sandboxes::run(Arc::new(ctx)));
+            }
+            None => snapshots.await,
+        }
     });
 }
 

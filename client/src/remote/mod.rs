@@ -9,6 +9,7 @@ pub mod hosts;
 mod image;
 pub mod lazy;
 pub mod moves;
+pub mod prune;
 pub mod pull;
 pub mod push;
 mod session;

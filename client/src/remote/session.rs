@@ -142,6 +142,74 @@ impl Session {
         r
     }
 
+    /// The tags of `r`'s repository.
+    pub fn tags(&self, r: &Reference) -> Result<Vec<String>> {
+        let r = self.at(r);
+        self.rt
+            .block_on(self.client.list_tags(&r, &self.auth, None, None))
+            .map(|t| t.tags)
+            .map_err(|e| self.explain("list the tags of", &r, e))
+    }
+
+    /// Deletes manifest `digest` from `r`'s repository, and so the tags that name it: false
+    /// when the registry has no such manifest. oci-client has no delete, so this is one
+    /// request of its own, with this endpoint's CA files and credentials (or the token the
+    /// registry hands out for pushes).
+    pub fn delete_manifest(&self, r: &Reference, digest: &str) -> Result<bool> {
+        let r = self.at(r);
+        let token = self
+            .rt
+            .block_on(self.client.auth(&r, &self.auth, RegistryOperation::Push))
+            .map_err(|e| self.explain("log in to delete from", &r, e))?;
+        let mut http = reqwest::Client::builder()
+            .danger_accept_invalid_certs(self.endpoint.skip_verify)
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60));
+        for path in &self.endpoint.ca {
+            let pem = std::fs::read(path)
+                .map_err(|e| Error::from(format!("CA file {}: {e}", path.display())))?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| Error::from(format!("CA file {}: {e}", path.display())))?;
+            http = http.add_root_certificate(cert);
+        }
+        let http = http
+            .build()
+            .map_err(|e| Error::from(format!("an HTTP client: {e}")))?;
+        let url = format!(
+            "{}/v2/{}/manifests/{digest}",
+            self.endpoint.url(),
+            r.repository()
+        );
+        let mut req = http.delete(&url);
+        req = match (&token, &self.credentials) {
+            (Some(t), _) => req.bearer_auth(t),
+            (None, Credentials::Basic { user, password }) => req.basic_auth(user, Some(password)),
+            (None, Credentials::Anonymous) => req,
+        };
+        let status = self
+            .rt
+            .block_on(req.send())
+            .map_err(|e| Error::from(format!("DELETE {url}: {e}")))?
+            .status();
+        match status.as_u16() {
+            200..=299 => Ok(true),
+            404 => Ok(false),
+            405 => Err(format!(
+                "{} does not allow deletes (405): enable them there (Distribution: \
+                 storage.delete.enabled, REGISTRY_STORAGE_DELETE_ENABLED=true)",
+                self.endpoint.host
+            )
+            .into()),
+            401 | 403 => Err(format!(
+                "{} refused the delete of {digest} to {} ({status}): give credentials that \
+                 may delete",
+                self.endpoint.host, self.who
+            )
+            .into()),
+            _ => Err(format!("DELETE {url}: {status}").into()),
+        }
+    }
+
     /// Authenticates for `op` on `r`'s repository (a registry with token auth hands out one
     /// token per repository and operation).
     pub fn login(&self, r: &Reference, op: RegistryOperation) -> Result<()> {
