@@ -43,11 +43,20 @@ fn the_agents_role_grants_only_what_it_uses() {
             "events patch",
             "pods delete",
             "pods get",
+            "pods list",
+            "pods patch",
+            "pods watch",
             "podsnapshots get",
             "podsnapshots list",
             "podsnapshots patch",
             "podsnapshots watch",
             "podsnapshots/status patch",
+            "sandboxclaims get",
+            "sandboxclaims patch",
+            "sandboxes get",
+            "sandboxes list",
+            "sandboxes patch",
+            "sandboxes watch",
         ]
     );
 }
