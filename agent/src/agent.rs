@@ -23,15 +23,8 @@ use crate::{
     crd::{Phase, PodSnapshot, PodSnapshotStatus, Then, Timings, FINALIZER},
     node::Node,
     pods,
+    reconcile::{on_node, retry_later, Error},
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Node(String),
-}
 
 pub struct Context {
     pub client: kube::Client,
@@ -65,30 +58,13 @@ pub async fn run(ctx: Arc<Context>) {
     let api: Api<PodSnapshot> = Api::all(ctx.client.clone());
     Controller::new(api, watcher::Config::default())
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, retry_later, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 log::warn!("{e}");
             }
         })
         .await;
-}
-
-fn error_policy(_: Arc<PodSnapshot>, e: &Error, _: Arc<Context>) -> Action {
-    log::warn!("{e}");
-    Action::requeue(Duration::from_secs(5))
-}
-
-/// Runs `f` (this node's containerd, blocking) off the async runtime.
-async fn on_node<T: Send + 'static>(
-    ctx: &Context,
-    f: impl FnOnce(&Node) -> Result<T, String> + Send + 'static,
-) -> Result<T, Error> {
-    let node = ctx.node.clone();
-    tokio::task::spawn_blocking(move || f(&node))
-        .await
-        .map_err(|e| Error::Node(e.to_string()))?
-        .map_err(Error::Node)
 }
 
 async fn reconcile(ps: Arc<PodSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -187,7 +163,7 @@ async fn take(ctx: &Context, api: &Api<PodSnapshot>, ps: &PodSnapshot) -> Result
     let pod_name = ps.spec.pod_name.clone();
     let pod = pods.get(&pod_name).await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let sandbox = on_node(ctx, move |n| n.sandbox_of(&uid))
+    let sandbox = on_node(&ctx.node, move |n| n.sandbox_of(&uid))
         .await?
         .ok_or_else(|| {
             Error::Node(format!(
@@ -203,7 +179,7 @@ async fn take(ctx: &Context, api: &Api<PodSnapshot>, ps: &PodSnapshot) -> Result
     )
     .await?;
     let label = key(ps);
-    let taken = on_node(ctx, move |n| n.snapshot(&sandbox, &label)).await?;
+    let taken = on_node(&ctx.node, move |n| n.snapshot(&sandbox, &label)).await?;
     let snapshot_ms = started.elapsed().as_millis() as u64;
     publish(
         ctx,
@@ -217,7 +193,7 @@ async fn take(ctx: &Context, api: &Api<PodSnapshot>, ps: &PodSnapshot) -> Result
         Some(to) => {
             let pushed_at = Instant::now();
             let id = taken.id.clone();
-            let r = on_node(ctx, move |n| n.push(&id, &to)).await?;
+            let r = on_node(&ctx.node, move |n| n.push(&id, &to)).await?;
             (r, Some(pushed_at.elapsed().as_millis() as u64))
         }
         None => (taken.id.clone(), None),
@@ -229,7 +205,7 @@ async fn take(ctx: &Context, api: &Api<PodSnapshot>, ps: &PodSnapshot) -> Result
             .await?;
         if ps.spec.push_to.is_some() && !ps.spec.keep_on_node {
             let id = taken.id.clone();
-            on_node(ctx, move |n| n.delete(&id)).await?;
+            on_node(&ctx.node, move |n| n.delete(&id)).await?;
         }
     }
     let status = PodSnapshotStatus {
@@ -270,7 +246,7 @@ async fn cleanup(ctx: &Context, ps: &PodSnapshot) -> Result<Action, Error> {
 async fn remove_taken(ctx: &Context, ps: &PodSnapshot) {
     let label = key(ps);
     let id = ps.status.as_ref().and_then(|s| s.snapshot_id.clone());
-    let gone = on_node(ctx, move |n| {
+    let gone = on_node(&ctx.node, move |n| {
         let mut gone = Vec::new();
         for name in n.held_for(&label, id.as_deref())? {
             n.delete(&name)?;

@@ -35,19 +35,12 @@ use serde_json::{json, Value};
 
 use crate::{
     node::Node,
+    reconcile::{on_node, retry_later, Error},
     sandbox::{self, Going},
 };
 
 /// On a snapshot a suspend took: `namespace/name` of its Sandbox.
 pub const SANDBOX_LABEL: &str = "sandbox";
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Node(String),
-}
 
 /// What a node's agent does with Sandboxes.
 #[derive(Clone)]
@@ -106,7 +99,7 @@ pub async fn run(ctx: Arc<Context>) {
     let on_node = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
     let pods = Controller::new(pods, on_node)
         .shutdown_on_signal()
-        .run(reconcile_pod, error_policy, ctx.clone())
+        .run(reconcile_pod, retry_later, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
                 log::warn!("{e}");
@@ -115,29 +108,13 @@ pub async fn run(ctx: Arc<Context>) {
     let all: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &ctx.sandboxes);
     let sandboxes = Controller::new_with(all, watcher::Config::default(), ctx.sandboxes.clone())
         .shutdown_on_signal()
-        .run(reconcile_sandbox, error_policy, ctx.clone())
+        .run(reconcile_sandbox, retry_later, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
                 log::warn!("{e}");
             }
         });
     futures::join!(pods, sandboxes);
-}
-
-fn error_policy<K>(_: Arc<K>, e: &Error, _: Arc<Context>) -> Action {
-    log::warn!("{e}");
-    Action::requeue(Duration::from_secs(5))
-}
-
-async fn on_node<T: Send + 'static>(
-    ctx: &Context,
-    f: impl FnOnce(&Node) -> Result<T, String> + Send + 'static,
-) -> Result<T, Error> {
-    let node = ctx.node.clone();
-    tokio::task::spawn_blocking(move || f(&node))
-        .await
-        .map_err(|e| Error::Node(e.to_string()))?
-        .map_err(Error::Node)
 }
 
 async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -155,7 +132,7 @@ async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         if !ctx.taken_up.lock().unwrap().insert(uid.clone()) {
             return Ok(Action::await_change());
         }
-        let found = on_node(&ctx, move |n| n.sandbox_of(&uid)).await?;
+        let found = on_node(&ctx.node, move |n| n.sandbox_of(&uid)).await?;
         if let Some(id) = found {
             going(&ctx, &ns, &name, &pod, &id).await;
         }
@@ -166,9 +143,9 @@ async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
     }
     if !ctx.armed.lock().unwrap().contains(&uid) {
         let of = uid.clone();
-        match on_node(&ctx, move |n| n.sandbox_of(&of)).await? {
+        match on_node(&ctx.node, move |n| n.sandbox_of(&of)).await? {
             Some(id) => {
-                on_node(&ctx, move |n| n.hold_stop(&id, "arm")).await?;
+                on_node(&ctx.node, move |n| n.hold_stop(&id, "arm")).await?;
                 ctx.armed.lock().unwrap().insert(uid);
             }
             // Running in the API before its sandbox is up here: look again shortly.
@@ -238,11 +215,11 @@ async fn suspend(
     id: &str,
 ) -> Result<String, Error> {
     let api = ctx.sandboxes(ns);
-    ensure_finalizer(&api, sb).await?;
+    ensure_finalizer(&api, name).await?;
     let key = format!("{ns}/{name}");
     let sandbox_id = id.to_string();
     let began = Instant::now();
-    let taken = on_node(ctx, move |n| {
+    let taken = on_node(&ctx.node, move |n| {
         n.snapshot_labelled(&sandbox_id, SANDBOX_LABEL, &key)
     })
     .await?;
@@ -254,11 +231,11 @@ async fn suspend(
         .as_millis();
     let target = format!("{repo}:{}", chalk_client::remote::prune::timed_tag(millis));
     let (snap, pushed_at) = (taken.id.clone(), Instant::now());
-    let pushed = on_node(ctx, move |n| n.push(&snap, &target)).await;
+    let pushed = on_node(&ctx.node, move |n| n.push(&snap, &target)).await;
     let push_ms = pushed_at.elapsed().as_millis();
     // The node keeps no copy either way: the registry's is the one a resume pulls.
     let snap = taken.id.clone();
-    let _ = on_node(ctx, move |n| n.delete(&snap)).await;
+    let _ = on_node(&ctx.node, move |n| n.delete(&snap)).await;
     let pushed = pushed?;
     let value = serde_json::to_value(sb).unwrap_or_default();
     let claim = sandbox::claim_of(&value).map(String::from);
@@ -275,7 +252,7 @@ async fn suspend(
     }}});
     merge(&api, name, &patch).await?;
     release(ctx, id, "kill").await;
-    let pruned = on_node(ctx, move |n| n.prune(&repo, keep)).await;
+    let pruned = on_node(&ctx.node, move |n| n.prune(&repo, keep)).await;
     let pruned = match pruned {
         Ok(gone) if gone.is_empty() => String::new(),
         Ok(gone) => format!("; {} older snapshots removed (keeping {keep})", gone.len()),
@@ -360,13 +337,13 @@ async fn reconcile_sandbox(sb: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<
     }
     let (ns, name) = (sb.namespace().unwrap_or_default(), sb.name_any());
     let repo = sandbox::repository(&ctx.settings.suspend_to, &ns, &name);
-    let gone = on_node(&ctx, move |n| n.prune(&repo, 0)).await?;
+    let gone = on_node(&ctx.node, move |n| n.prune(&repo, 0)).await?;
     let listed: Vec<String> = sb
         .annotations()
         .get(sandbox::SNAPSHOTS)
         .map(|l| l.split(',').map(String::from).collect())
         .unwrap_or_default();
-    let local = on_node(&ctx, move |n| {
+    let local = on_node(&ctx.node, move |n| {
         let mut removed = 0;
         for r in &listed {
             if let Some((_, digest)) = r.rsplit_once('@') {
@@ -399,22 +376,31 @@ async fn reconcile_sandbox(sb: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<
     Ok(Action::await_change())
 }
 
-async fn ensure_finalizer(api: &Api<DynamicObject>, sb: &DynamicObject) -> Result<(), Error> {
-    if sb.finalizers().iter().any(|f| f == sandbox::FINALIZER) {
-        return Ok(());
+/// Adds chalk's finalizer to the Sandbox, against its latest version: its controller and
+/// users change it too, so a conflict is looked at again rather than failing a suspend.
+async fn ensure_finalizer(api: &Api<DynamicObject>, name: &str) -> Result<(), Error> {
+    let mut tries = 0;
+    loop {
+        let sb = api.get(name).await?;
+        if sb.finalizers().iter().any(|f| f == sandbox::FINALIZER) {
+            return Ok(());
+        }
+        let mut finalizers = sb.finalizers().to_vec();
+        finalizers.push(sandbox::FINALIZER.into());
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": sb.resource_version(),
+        }});
+        match merge(api, name, &patch).await {
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 && tries < 5 => tries += 1,
+            done => return done,
+        }
     }
-    let mut finalizers = sb.finalizers().to_vec();
-    finalizers.push(sandbox::FINALIZER.into());
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": sb.resource_version(),
-    }});
-    merge(api, &sb.name_any(), &patch).await
 }
 
 async fn release(ctx: &Context, id: &str, verdict: &'static str) {
     let id = id.to_string();
-    if let Err(e) = on_node(ctx, move |n| n.hold_stop(&id, verdict)).await {
+    if let Err(e) = on_node(&ctx.node, move |n| n.hold_stop(&id, verdict)).await {
         log::warn!(
             "the hold on the stop could not be released ({e}): it ends at the pod's SIGKILL"
         );

@@ -4,6 +4,9 @@
 //!                                  or when stdin closes
 //!   chalk-k8s-node test REPORT.md  start it, run every step, write the report (each step's
 //!                                  result, time and what it saw)
+//!   chalk-k8s-node agent-sandbox REPORT.md
+//!                                  the same with kubernetes-sigs/agent-sandbox's controller
+//!                                  (CHALK_AGENT_SANDBOX)
 //!
 //! Needs root, CHALK_K8S_BIN, CHALK_ETCD, CHALK_CNI_BIN (scripts/peers --k8s), CHALK_CHALKCTL
 //! or a built chalkctl, and the containerd/runsc to run (CHALK_CONTAINERD, CHALK_CTR,
@@ -16,6 +19,7 @@ use chalk_integration::{
     registry::Secured,
 };
 
+mod agent_sandbox;
 mod kube;
 mod report;
 mod runtimeclass;
@@ -27,11 +31,17 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(),
+        Some("agent-sandbox") => agent_sandbox_test(PathBuf::from(
+            args.get(1)
+                .map_or("packaging/kubernetes/AGENT-SANDBOX.md", String::as_str),
+        )),
         Some("test") => test(PathBuf::from(
             args.get(1)
                 .map_or("packaging/kubernetes/KUBERNETES.md", String::as_str),
         )),
-        _ => Err("usage: chalk-k8s-node serve | test [REPORT.md]".into()),
+        _ => {
+            Err("usage: chalk-k8s-node serve | test [REPORT.md] | agent-sandbox [REPORT.md]".into())
+        }
     };
     if let Err(e) = result {
         eprintln!("chalk-k8s-node: {e}");
@@ -153,6 +163,33 @@ impl Run<'_> {
     }
 }
 
+fn agent_sandbox_test(report: PathBuf) -> Result<(), String> {
+    let started = Instant::now();
+    agent_sandbox::controller_dir()?;
+    let bin = std::env::var_os("CHALK_REGISTRY")
+        .filter(|v| !v.is_empty())
+        .ok_or("CHALK_REGISTRY is not set: run scripts/peers")?;
+    // The agent removes a deleted Sandbox's snapshots: the registry must allow deletes.
+    let mut registry = Secured::start(
+        std::path::Path::new(&bin),
+        None,
+        &[("REGISTRY_STORAGE_DELETE_ENABLED", "true")],
+    )?;
+    let mut cluster = start(Some(&registry))?;
+    let controller = agent_sandbox::start_controller(&mut cluster)?;
+    let boot = started.elapsed().as_secs_f64();
+    let mut run = Run {
+        node: &cluster,
+        steps: Vec::new(),
+        timings: None,
+    };
+    let timings = agent_sandbox::steps(&mut run, &mut registry, &controller);
+    let steps = std::mem::take(&mut run.steps);
+    let text = report::render_agent_sandbox(&steps, boot, &controller, &timings);
+    drop(cluster);
+    write_report(&report, &text, &steps)
+}
+
 fn test(report: PathBuf) -> Result<(), String> {
     let started = Instant::now();
     let registry = registry()?;
@@ -168,7 +205,12 @@ fn test(report: PathBuf) -> Result<(), String> {
     let steps = std::mem::take(&mut run.steps);
     let text = report::render(&steps, boot, run.timings.as_ref());
     drop(cluster);
-    std::fs::write(&report, &text).map_err(|e| format!("{}: {e}", report.display()))?;
+    write_report(&report, &text, &steps)
+}
+
+/// Writes the report, says how many steps passed, and fails where any did not.
+fn write_report(report: &std::path::Path, text: &str, steps: &[Step]) -> Result<(), String> {
+    std::fs::write(report, text).map_err(|e| format!("{}: {e}", report.display()))?;
     let failed = steps.iter().filter(|s| !s.ok).count();
     eprintln!(
         "{} of {} steps passed; report in {}",

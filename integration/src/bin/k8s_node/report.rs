@@ -83,26 +83,7 @@ pub fn render(steps: &[Step], boot: f64, timings: Option<&Timings>) -> String {
             version(std::path::Path::new(&runsc), &["--version"])
         );
     }
-    let passed = steps.iter().filter(|s| s.ok).count();
-    let _ = writeln!(
-        t,
-        "Both nodes were Ready {boot:.1}s after the start. {passed} of {} steps passed.\n",
-        steps.len()
-    );
-    let _ = writeln!(
-        t,
-        "| step | result | time | what it saw |\n|---|---|---|---|"
-    );
-    for s in steps {
-        let _ = writeln!(
-            t,
-            "| {} | {} | {:.1}s | {} |",
-            s.name,
-            if s.ok { "pass" } else { "**fail**" },
-            s.secs,
-            s.detail.replace('|', "\\|").replace('\n', " ")
-        );
-    }
+    steps_table(&mut t, steps, boot);
     if let Some(x) = timings {
         let ratio = |a: f64, b: f64| {
             if b > 0.0 {
@@ -184,3 +165,91 @@ const NOTES: &str = r#"
 - A deleted pod's shim and runsc processes are gone as soon as `kubectl delete` returns; its
   stopped sandbox's record in containerd goes with the kubelet's next garbage collection.
 "#;
+
+/// AGENT-SANDBOX.md: agent-sandbox's controller on the two nodes, every step, and the
+/// suspend, resume and claim times beside a cold Sandbox start.
+pub fn render_agent_sandbox(
+    steps: &[Step],
+    boot: f64,
+    controller: &str,
+    x: &crate::agent_sandbox::Timings,
+) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "# agent-sandbox on chalk: suspend with memory, resume on any node, warm pools from a golden snapshot\n"
+    );
+    let _ = writeln!(
+        t,
+        "Written by `scripts/k8s-node --agent-sandbox` on {} from a real run on this machine: the \
+         two-node cluster of `KUBERNETES.md` (kube-apiserver, kube-scheduler, \
+         kube-controller-manager, two kubelets against containerd with the `chalk` handler) with \
+         kubernetes-sigs/agent-sandbox's own controller, `agent-sandbox-controller` built by \
+         `scripts/peers --agent-sandbox` from `sigs.k8s.io/agent-sandbox` v1.0.1 (says: \
+         {controller:?}), run out of cluster with `--extensions` and its four CRDs from the \
+         module. chalk-agent runs on each node with `--suspend-to REGISTRY/sandboxes \
+         --keep-snapshots 2`; a Distribution registry (TLS, a password, deletes enabled) on \
+         loopback. Everything is driven through kubectl.\n",
+        today()
+    );
+    steps_table(&mut t, steps, boot);
+    let ratio = |a: f64| {
+        if x.cold > 0.0 {
+            format!("{:.2}x", a / x.cold)
+        } else {
+            "-".into()
+        }
+    };
+    let _ = writeln!(
+        t,
+        "\n## Against a cold Sandbox\n\nSeconds, each beside a cold Sandbox of the same pod spec \
+         (`kubectl apply` to its Ready condition) on the same cluster.\n\n| | seconds | cold \
+         Sandbox | ratio |\n|---|---|---|---|"
+    );
+    for (what, got) in [
+        (
+            "suspend: the patch to the Suspended condition (snapshot and push included)",
+            x.suspend,
+        ),
+        (
+            "resume on the other node: the patch to Ready (pull included)",
+            x.resume,
+        ),
+        ("claim to Ready from the warm pool", x.claim),
+        (
+            "a warm pool of 3 restores of the golden snapshot, apply to 3 ready",
+            x.pool,
+        ),
+        (
+            "a suspend whose registry is down (the pod released, the Sandbox marked)",
+            x.suspend_failed,
+        ),
+    ] {
+        let _ = writeln!(t, "| {what} | {got:.2} | {:.2} | {} |", x.cold, ratio(got));
+    }
+    t
+}
+
+/// The boot line and one row per step.
+fn steps_table(t: &mut String, steps: &[Step], boot: f64) {
+    let passed = steps.iter().filter(|s| s.ok).count();
+    let _ = writeln!(
+        t,
+        "Both nodes were Ready {boot:.1}s after the start. {passed} of {} steps passed.\n",
+        steps.len()
+    );
+    let _ = writeln!(
+        t,
+        "| step | result | time | what it saw |\n|---|---|---|---|"
+    );
+    for s in steps {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.1}s | {} |",
+            s.name,
+            if s.ok { "pass" } else { "**fail**" },
+            s.secs,
+            s.detail.replace('|', "\\|").replace('\n', " ")
+        );
+    }
+}

@@ -24,7 +24,7 @@ use crate::kube::*;
 use crate::Run;
 
 /// The nodes' agents, stopped when dropped.
-struct Agents(Vec<Child>);
+pub struct Agents(Vec<Child>);
 
 impl Drop for Agents {
     fn drop(&mut self) {
@@ -36,14 +36,14 @@ impl Drop for Agents {
 }
 
 /// Where this run's binaries are (chalk-agent, kubectl-chalk).
-fn built() -> PathBuf {
+pub fn built() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|e| Some(e.parent()?.to_path_buf()))
         .unwrap_or_default()
 }
 
-fn packaging(file: &str) -> Result<String, String> {
+pub fn packaging(file: &str) -> Result<String, String> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../packaging/kubernetes")
         .join(file);
@@ -51,8 +51,14 @@ fn packaging(file: &str) -> Result<String, String> {
 }
 
 /// Applies the CRD and the agent's RBAC (agent.yaml but its DaemonSet: the agents run here
-/// directly), and starts one agent per node with a token of the agent's service account.
-fn start_agents(c: &Cluster, registry: &Secured, dir: &Path) -> Result<(Agents, String), String> {
+/// directly), and starts one agent per node with a token of the agent's service account,
+/// and `extra` arguments.
+pub fn start_agents(
+    c: &Cluster,
+    registry: &Secured,
+    dir: &Path,
+    extra: &[String],
+) -> Result<(Agents, String), String> {
     let crd = c.apply(&packaging("crd.yaml")?);
     if crd.code != 0 {
         return Err(format!("the CRD: {}", crd.stderr));
@@ -114,6 +120,7 @@ fn start_agents(c: &Cluster, registry: &Secured, dir: &Path) -> Result<(Agents, 
             .arg(n.containerd.options_path())
             .arg("--hosts-dir")
             .arg(&registry.hosts_dir)
+            .args(extra)
             .env("KUBECONFIG", &kubeconfig)
             .env("DOCKER_CONFIG", &registry.docker_config)
             .stdin(Stdio::null())
@@ -126,15 +133,22 @@ fn start_agents(c: &Cluster, registry: &Secured, dir: &Path) -> Result<(Agents, 
     Ok((agents, kubeconfig.display().to_string()))
 }
 
+/// PATH with this run's kubectl-chalk first.
+fn plugin_path() -> String {
+    let rest = std::env::var("PATH").unwrap_or_default();
+    format!("{}:{rest}", built().display())
+}
+
 /// `kubectl chalk ARGS` (kubectl finds the plugin, kubectl-chalk, on PATH; it takes no flag
 /// before the plugin's name, so the cluster is KUBECONFIG's) as JSON.
-fn chalk(c: &Cluster, args: &[&str]) -> Result<Value, String> {
+pub fn chalk(c: &Cluster, args: &[&str]) -> Result<Value, String> {
     let mut all = vec!["chalk"];
     all.extend_from_slice(args);
     all.extend(["-o", "json"]);
     let out: chalk_integration::CtrOutput = Command::new(&c.bins().kubectl)
         .args(&all)
         .env("KUBECONFIG", c.kubeconfig())
+        .env("PATH", plugin_path())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("kubectl: {e}"))?
@@ -316,7 +330,7 @@ fn shim_breakdown(c: &Cluster, pod: &str) -> String {
     format!("on {node}, the shim: {}", parts.join(", "))
 }
 
-fn count(c: &Cluster, pod: &str) -> Result<u64, String> {
+pub fn count(c: &Cluster, pod: &str) -> Result<u64, String> {
     let out = exec(c, pod, None, &["cat", "/tmp/n"]);
     out.stdout
         .trim()
@@ -324,7 +338,7 @@ fn count(c: &Cluster, pod: &str) -> Result<u64, String> {
         .map_err(|_| format!("the counter of {pod}: {out:?}"))
 }
 
-fn node_of(c: &Cluster, pod: &str) -> Result<String, String> {
+pub fn node_of(c: &Cluster, pod: &str) -> Result<String, String> {
     Ok(json(c, &["get", "pod", pod])?["spec"]["nodeName"]
         .as_str()
         .unwrap_or_default()
@@ -565,18 +579,11 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             return;
         }
     };
-    // kubectl finds `kubectl chalk` on PATH.
-    let path = format!(
-        "{}:{}",
-        built().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    std::env::set_var("PATH", path);
     let mut agents = None;
     let up = run.step(
         "chalk-agent on each node (CRD and RBAC from packaging/kubernetes, a service account token)",
         |c| {
-            let (a, _) = start_agents(c, registry, dir.path())?;
+            let (a, _) = start_agents(c, registry, dir.path(), &[])?;
             agents = Some(a);
             let role = json(c, &["get", "clusterrole", "chalk-agent"])?;
             Ok(format!(
