@@ -5,7 +5,6 @@
 
 use std::{sync::Arc, time::Duration, time::Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{DeleteParams, Patch, PatchParams},
@@ -23,7 +22,7 @@ use crate::{
     crd::{Phase, PodSnapshot, PodSnapshotStatus, Then, Timings, FINALIZER},
     node::Node,
     pods,
-    reconcile::{on_node, retry_later, Error},
+    reconcile::{log_failures, on_node, retry_later, Error},
 };
 
 pub struct Context {
@@ -56,15 +55,10 @@ impl Context {
 /// Runs the agent until SIGTERM or Ctrl-C.
 pub async fn run(ctx: Arc<Context>) {
     let api: Api<PodSnapshot> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
+    let results = Controller::new(api, watcher::Config::default())
         .shutdown_on_signal()
-        .run(reconcile, retry_later, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                log::warn!("{e}");
-            }
-        })
-        .await;
+        .run(reconcile, retry_later, ctx);
+    log_failures(results).await;
 }
 
 async fn reconcile(ps: Arc<PodSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -3,6 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use futures::{Stream, StreamExt};
 use kube::runtime::controller::Action;
 
 use crate::node::Node;
@@ -13,6 +14,17 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Node(String),
+}
+
+/// Runs a controller's reconciles to their end (its shutdown), logging those that fail.
+pub async fn log_failures<T, E: std::fmt::Display>(results: impl Stream<Item = Result<T, E>>) {
+    results
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                log::warn!("{e}");
+            }
+        })
+        .await
 }
 
 /// A failed reconcile is logged and looked at again in 5 s.

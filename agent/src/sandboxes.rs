@@ -20,7 +20,6 @@ use std::{
 };
 
 use chalk_labels::RESUME_FROM;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
@@ -35,7 +34,7 @@ use serde_json::{json, Value};
 
 use crate::{
     node::Node,
-    reconcile::{on_node, retry_later, Error},
+    reconcile::{log_failures, on_node, retry_later, Error},
     sandbox::{self, Going},
 };
 
@@ -97,24 +96,16 @@ impl Context {
 pub async fn run(ctx: Arc<Context>) {
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let on_node = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
-    let pods = Controller::new(pods, on_node)
-        .shutdown_on_signal()
-        .run(reconcile_pod, retry_later, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                log::warn!("{e}");
-            }
-        });
+    let pods = Controller::new(pods, on_node).shutdown_on_signal().run(
+        reconcile_pod,
+        retry_later,
+        ctx.clone(),
+    );
     let all: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &ctx.sandboxes);
     let sandboxes = Controller::new_with(all, watcher::Config::default(), ctx.sandboxes.clone())
         .shutdown_on_signal()
-        .run(reconcile_sandbox, retry_later, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                log::warn!("{e}");
-            }
-        });
-    futures::join!(pods, sandboxes);
+        .run(reconcile_sandbox, retry_later, ctx.clone());
+    futures::join!(log_failures(pods), log_failures(sandboxes));
 }
 
 async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -63,15 +63,16 @@ fn start(registry: Option<&Secured>) -> Result<Cluster, String> {
 }
 
 /// The registry pods' snapshots travel through (CHALK_REGISTRY, scripts/peers).
-fn registry() -> Result<Secured, String> {
+/// The registry between the nodes, with `env` for its configuration.
+fn registry(env: &[(&str, &str)]) -> Result<Secured, String> {
     let bin = std::env::var_os("CHALK_REGISTRY")
         .filter(|v| !v.is_empty())
         .ok_or("CHALK_REGISTRY is not set: run scripts/peers")?;
-    Secured::start(std::path::Path::new(&bin), None, &[])
+    Secured::start(std::path::Path::new(&bin), None, env)
 }
 
 fn serve() -> Result<(), String> {
-    let registry = registry().ok();
+    let registry = registry(&[]).ok();
     let cluster = start(registry.as_ref())?;
     println!("export KUBECONFIG={}", cluster.kubeconfig().display());
     for n in &cluster.nodes {
@@ -166,15 +167,8 @@ impl Run<'_> {
 fn agent_sandbox_test(report: PathBuf) -> Result<(), String> {
     let started = Instant::now();
     agent_sandbox::controller_dir()?;
-    let bin = std::env::var_os("CHALK_REGISTRY")
-        .filter(|v| !v.is_empty())
-        .ok_or("CHALK_REGISTRY is not set: run scripts/peers")?;
     // The agent removes a deleted Sandbox's snapshots: the registry must allow deletes.
-    let mut registry = Secured::start(
-        std::path::Path::new(&bin),
-        None,
-        &[("REGISTRY_STORAGE_DELETE_ENABLED", "true")],
-    )?;
+    let mut registry = registry(&[("REGISTRY_STORAGE_DELETE_ENABLED", "true")])?;
     let mut cluster = start(Some(&registry))?;
     let controller = agent_sandbox::start_controller(&mut cluster)?;
     let boot = started.elapsed().as_secs_f64();
@@ -192,7 +186,7 @@ fn agent_sandbox_test(report: PathBuf) -> Result<(), String> {
 
 fn test(report: PathBuf) -> Result<(), String> {
     let started = Instant::now();
-    let registry = registry()?;
+    let registry = registry(&[])?;
     let cluster = start(Some(&registry))?;
     let boot = started.elapsed().as_secs_f64();
     let mut run = Run {
