@@ -242,11 +242,6 @@ fn events(c: &Cluster, name: &str, reason: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Runsc or shim processes of sandbox `id` on this machine (either node).
-fn left_of(id: &str) -> Vec<String> {
-    processes_of(id)
-}
-
 /// The timed tags the registry holds for Sandbox `name`.
 fn tags_in(registry: &Secured, name: &str) -> Vec<String> {
     let dir = registry
@@ -307,10 +302,7 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
     let up = run.step(
         &format!("agent-sandbox-controller ({controller}) with its CRDs; chalk-agent --suspend-to on each node"),
         |c| {
-            let rc = c.apply(&crate::snapshots::packaging("runtimeclass.yaml")?);
-            if rc.code != 0 {
-                return Err(rc.stderr);
-            }
+            applied(c, &crate::snapshots::packaging("runtimeclass.yaml")?)?;
             let args = ["--suspend-to".to_string(), suspend_to.clone(), "--keep-snapshots".into(), "2".into()];
             let (a, _) = start_agents(c, registry, dir.path(), &args)?;
             agents = Some(a);
@@ -326,15 +318,9 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
     let cold = run.step(
         "a Sandbox with runtimeClassName: chalk (a counter in memory, a PVC) is Ready from cold",
         |c| {
-            let pv = c.apply(&volume_yaml("counter", &volumes.join("counter")));
-            if pv.code != 0 {
-                return Err(pv.stderr);
-            }
+            applied(c, &volume_yaml("counter", &volumes.join("counter")))?;
             let started = Instant::now();
-            let out = c.apply(&sandbox_yaml("counter"));
-            if out.code != 0 {
-                return Err(out.stderr);
-            }
+            applied(c, &sandbox_yaml("counter"))?;
             until_true(c, "sandbox/counter", "Ready")?;
             t.cold = started.elapsed().as_secs_f64();
             let node = node_of(c, "counter")?;
@@ -361,7 +347,7 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
         let started = mode(c, "counter", "Suspended")?;
         let sb = until_true(c, "sandbox/counter", "Suspended")?;
         t.suspend = started.elapsed().as_secs_f64();
-        let left = left_of(&id);
+        let left = processes_of(&id);
         if !left.is_empty() {
             return Err(format!("processes of {id} left: {left:?}"));
         }
@@ -409,14 +395,13 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
                 annotation(&p, "chalk.io/resumed-from").map(|_| p)
             })
             .ok_or("the pod has no chalk.io/resumed-from")?;
-            let sb = until(Duration::from_secs(30), || {
+            until(Duration::from_secs(30), || {
                 let s = json(c, &["get", "sandbox", "counter"]).ok()?;
                 s["spec"]["podTemplate"]["metadata"]["annotations"]["chalk.io/resume-from"]
                     .is_null()
-                    .then_some(s)
+                    .then_some(())
             })
             .ok_or("resume-from is still on the Sandbox's pod template")?;
-            let _ = sb;
             Ok(format!(
                 "Ready on {node} {:.2}s after the patch; counter {now} (suspended at {at_suspend}); the PVC: {} start; pod annotated resumed-from {}",
                 t.resume,
@@ -449,13 +434,10 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
     let mut golden = String::new();
     let mut golden_count = 0;
     let pool_up = run.step("a golden snapshot (kubectl chalk snapshot of a warmed Sandbox), a SandboxTemplate naming it, a SandboxWarmPool of 3: every member Ready and restored", |c| {
-        let out = c.apply(&format!(
+        applied(c, &format!(
             "apiVersion: agents.x-k8s.io/v1beta1\nkind: Sandbox\nmetadata: {{name: warmer}}\nspec:\n  podTemplate:\n    spec:\n{}",
             pod_spec("      ", false)
-        ));
-        if out.code != 0 {
-            return Err(out.stderr);
-        }
+        ))?;
         until_true(c, "sandbox/warmer", "Ready")?;
         std::thread::sleep(Duration::from_secs(3));
         let reg = format!("{}/golden/counter", registry.addr);
@@ -486,10 +468,7 @@ spec:
             spec = pod_spec("      ", false)
         );
         let started = Instant::now();
-        let out = c.apply(&template);
-        if out.code != 0 {
-            return Err(out.stderr);
-        }
+        applied(c, &template)?;
         until(WAIT, || {
             let p = json(c, &["get", "sandboxwarmpool", "counter"]).ok()?;
             (p["status"]["readyReplicas"] == 3).then_some(())
@@ -518,10 +497,7 @@ spec:
         let mut claimed = String::new();
         run.step("a SandboxClaim on the pool gets a warm member, Ready", |c| {
             let started = Instant::now();
-            let out = c.apply("apiVersion: extensions.agents.x-k8s.io/v1beta1\nkind: SandboxClaim\nmetadata: {name: mine}\nspec:\n  warmPoolRef: {name: counter}\n");
-            if out.code != 0 {
-                return Err(out.stderr);
-            }
+            applied(c, "apiVersion: extensions.agents.x-k8s.io/v1beta1\nkind: SandboxClaim\nmetadata: {name: mine}\nspec:\n  warmPoolRef: {name: counter}\n")?;
             let claim = until_true(c, "sandboxclaim/mine", "Ready")?;
             t.claim = started.elapsed().as_secs_f64();
             claimed = claim["status"]["sandbox"]["name"].as_str().unwrap_or_default().to_string();
@@ -555,14 +531,8 @@ spec:
 
     // A suspend that cannot push.
     run.step("a suspend while the registry is down: the pod still goes; the Sandbox is marked, and its next pod says it started fresh", |c| {
-        let pv = c.apply(&volume_yaml("unlucky", &volumes.join("unlucky")));
-        if pv.code != 0 {
-            return Err(pv.stderr);
-        }
-        let out = c.apply(&sandbox_yaml("unlucky"));
-        if out.code != 0 {
-            return Err(out.stderr);
-        }
+        applied(c, &volume_yaml("unlucky", &volumes.join("unlucky")))?;
+        applied(c, &sandbox_yaml("unlucky"))?;
         until_true(c, "sandbox/unlucky", "Ready")?;
         std::thread::sleep(Duration::from_secs(4));
         let before = count(c, "unlucky")?;

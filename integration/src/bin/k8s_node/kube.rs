@@ -24,6 +24,15 @@ spec:
     )
 }
 
+/// `kubectl apply` of `yaml`; its stderr where it fails.
+pub fn applied(node: &Cluster, yaml: &str) -> Result<(), String> {
+    let out = node.apply(yaml);
+    if out.code != 0 {
+        return Err(out.stderr);
+    }
+    Ok(())
+}
+
 pub fn json(node: &Cluster, args: &[&str]) -> Result<Value, String> {
     let mut all = args.to_vec();
     all.extend(["-o", "json"]);

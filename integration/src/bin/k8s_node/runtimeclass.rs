@@ -48,10 +48,7 @@ pub fn steps(run: &mut Run) {
     let up = run.step(
         "a Pod with runtimeClassName: chalk reaches Running, in gVisor",
         |n| {
-            let out = n.apply(&basic);
-            if out.code != 0 {
-                return Err(out.stderr);
-            }
+            applied(n, &basic)?;
             ready(n, "chalk-basic", Duration::from_secs(120))?;
             let k = exec(n, "chalk-basic", None, &["dmesg"]);
             let first = k.stdout.lines().next().unwrap_or_default().to_string();
@@ -161,10 +158,7 @@ pub fn steps(run: &mut Run) {
     run.step(
         "a two-container pod: both run, and share the pod's network",
         |n| {
-            let out = n.apply(&two);
-            if out.code != 0 {
-                return Err(out.stderr);
-            }
+            applied(n, &two)?;
             ready(n, "chalk-two", Duration::from_secs(120))?;
             let got = until(Duration::from_secs(20), || {
                 let o = exec(
@@ -199,10 +193,7 @@ pub fn steps(run: &mut Run) {
         ),
     );
     let probe_up = run.step("a liveness probe that fails restarts the container", |n| {
-        let out = n.apply(&probed);
-        if out.code != 0 {
-            return Err(out.stderr);
-        }
+        applied(n, &probed)?;
         ready(n, "chalk-probe", Duration::from_secs(120))?;
         let rm = exec(n, "chalk-probe", None, &["rm", "/tmp/healthy"]);
         if rm.code != 0 {

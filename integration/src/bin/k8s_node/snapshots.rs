@@ -407,10 +407,7 @@ fn all_ready(c: &Cluster, pods: &[String], since: Instant) -> Result<f64, String
 fn fresh_start(c: &Cluster, name: &str, fill_mb: u64) -> Result<f64, String> {
     let spec = counter_pod(name, "", fill_mb).replace("  nodeName: \n", "");
     let t = Instant::now();
-    let out = c.apply(&spec);
-    if out.code != 0 {
-        return Err(out.stderr);
-    }
+    applied(c, &spec)?;
     ready(c, name, Duration::from_secs(180))?;
     let secs = t.elapsed().as_secs_f64();
     c.kubectl(&["delete", "pod", name, "--wait=true", "--timeout=60s"]);
@@ -456,10 +453,7 @@ spec:
     command: ["sleep", "100000"]
 "#
     );
-    let out = c.apply(&spec);
-    if out.code != 0 {
-        return Err(out.stderr);
-    }
+    applied(c, &spec)?;
     let field = format!("involvedObject.name={name},reason={reason}");
     let said = until(Duration::from_secs(60), || {
         let e = c.kubectl(&[
@@ -599,16 +593,8 @@ pub fn steps(run: &mut Run, registry: &Secured) {
     let (a, b) = (NODES[0].0, NODES[1].0);
     let reg = registry.addr.clone();
     let source_up = run.step(&format!("a counter pod (an init container, then a counter) on node {a}, and a Service selecting it"), |c| {
-        let out = c.apply(&counter_pod("counter", a, 0));
-        if out.code != 0 {
-            return Err(out.stderr);
-        }
-        let svc = c.apply(
-            "apiVersion: v1\nkind: Service\nmetadata: {name: counter}\nspec:\n  selector: {app: counter}\n  ports: [{port: 80}]\n",
-        );
-        if svc.code != 0 {
-            return Err(svc.stderr);
-        }
+        applied(c, &counter_pod("counter", a, 0))?;
+        applied(c, "apiVersion: v1\nkind: Service\nmetadata: {name: counter}\nspec:\n  selector: {app: counter}\n  ports: [{port: 80}]\n",)?;
         ready(c, "counter", Duration::from_secs(120))?;
         let init = c.kubectl(&["logs", "counter", "-c", "setup"]);
         if !init.stdout.contains("setup-ran") {
@@ -858,10 +844,7 @@ fn big_pod(run: &mut Run, reg: &str) {
     let (a, b) = (NODES[0].0, NODES[1].0);
     let mut t = crate::Timings::default();
     let up = run.step(&format!("a pod holding 1 GB in memory on {b}"), |c| {
-        let out = c.apply(&counter_pod("big", b, 1024));
-        if out.code != 0 {
-            return Err(out.stderr);
-        }
+        applied(c, &counter_pod("big", b, 1024))?;
         ready(c, "big", Duration::from_secs(300))?;
         Ok(format!(
             "Ready with 1 GB of /dev/urandom in its /tmp, counting {}",
