@@ -725,7 +725,7 @@ fn nix_kill(pid: u32, sig: i32) -> io::Result<()> {
 }
 
 /// Lazily unmounts anything still mounted below `dir`, deepest first, so the temp dir can go.
-fn unmount_under(dir: &Path) {
+pub(crate) fn unmount_under(dir: &Path) {
     let Ok(mounts) = fs::read_to_string("/proc/self/mounts") else {
         return;
     };

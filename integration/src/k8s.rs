@@ -579,6 +579,9 @@ impl Cluster {
         self.children.clear();
         // The pods' sandboxes go with their containerds.
         self.nodes.clear();
+        // Each kubelet bind-mounts its root directory onto itself; left, the run's directory
+        // cannot be removed.
+        crate::containerd::unmount_under(&self.dir);
         remove_kubelet_cgroups();
         for (_, ip) in NODES {
             let _ = node_link(ip, false);
