@@ -235,6 +235,8 @@ pub enum Command {
         release: bool,
         #[command(flatten)]
         registry: RegistryArgs,
+        #[command(flatten)]
+        seal: SealArgs,
     },
     /// The same sandbox id running again from where it was suspended (on another host: give
     /// --from, the reference it was suspended to).
@@ -272,10 +274,9 @@ pub struct RegistryArgs {
 impl RegistryArgs {
     pub fn access(&self) -> remote::Access {
         remote::Access {
-            hosts_dir: self.hosts_dir.clone(),
             plain_http: self.plain_http,
             user: self.user.clone(),
-            lazy_server: None,
+            ..remote::Access::new(self.hosts_dir.clone())
         }
     }
 
@@ -395,6 +396,8 @@ pub enum SnapshotCommand {
         reference: String,
         #[command(flatten)]
         registry: RegistryArgs,
+        #[command(flatten)]
+        seal: SealArgs,
     },
     /// Pull a snapshot from an OCI registry into this host (only the blobs it lacks, each
     /// checked by digest), after checking this host can restore it. Prints its id.
@@ -407,6 +410,56 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// Make a key: an age identity that opens encrypted snapshots (prints its recipient, for
+    /// --encrypt-to), or with --signing a P-256 signing key and its public key (FILE.pub).
+    /// The key file is owner-only and never overwritten.
+    Keygen {
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        #[arg(long)]
+        signing: bool,
+    },
+    /// Sign a snapshot in a registry (as cosign signs: cosign verify --key accepts it).
+    Sign {
+        reference: String,
+        /// A PEM P-256 private key (owner-only).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Check a snapshot's signatures in a registry: against --key (PEM public keys, as
+    /// cosign's), or else as the runtime options' [trust] policy decides a pull. Fails unless
+    /// they let it in.
+    Verify {
+        reference: String,
+        #[arg(long, value_name = "FILE")]
+        key: Vec<PathBuf>,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+}
+
+/// How a push protects the snapshot.
+#[derive(clap::Args, Clone)]
+pub struct SealArgs {
+    /// Encrypt every blob for this recipient first (an age1… key, or a file of them; give
+    /// it again for more): a host opens it with a key in [encryption] identities.
+    #[arg(long, value_name = "RECIPIENT")]
+    pub encrypt_to: Vec<String>,
+    /// Sign the pushed manifest with this PEM P-256 private key, as cosign signs.
+    #[arg(long, value_name = "KEY")]
+    pub sign: Option<PathBuf>,
+}
+
+impl SealArgs {
+    pub fn apply(&self, access: remote::Access) -> remote::Access {
+        remote::Access {
+            encrypt_to: self.encrypt_to.clone(),
+            sign_with: self.sign.clone(),
+            ..access
+        }
+    }
 }
 
 pub fn parse_label(s: &str) -> Result<(String, String), String> {

@@ -23,6 +23,8 @@ use serde_json::Value;
 
 #[path = "travel/lazy.rs"]
 mod lazy;
+#[path = "travel/trust.rs"]
+mod trust;
 
 use lazy::{
     a_lazy_resume_and_fork_on_another_host_carry_on,
@@ -37,6 +39,8 @@ struct Hosts {
     /// Where the registry keeps its blobs.
     blobs: Blobs,
     registry: Secured,
+    /// B's decryption key, and the signing keys its `[trust]` policy knows.
+    keys: Option<trust::Keys>,
 }
 
 impl Hosts {
@@ -107,6 +111,56 @@ impl Hosts {
             .map_err(|e| format!("curl: {e}"))?;
         ensure!(out.status.success(), "GET {url}: {:?}", out.status);
         serde_json::from_slice(&out.stdout).map_err(|e| Failed::from(format!("{url}: {e}")))
+    }
+
+    /// Manifest `path` (`<repo>/manifests/<ref>`, in this run's namespace) as JSON.
+    fn registry_manifest(&self, path: &str) -> Result<Value, Failed> {
+        let out = self
+            .curl(path)
+            .args(["-H", "Accept: application/vnd.oci.image.manifest.v1+json"])
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        ensure!(out.status.success(), "GET {path}: {:?}", out.status);
+        serde_json::from_slice(&out.stdout).map_err(|e| Failed::from(format!("{path}: {e}")))
+    }
+
+    /// PUTs manifest `m` at `path` (behind chalkctl's back).
+    fn registry_put_manifest(&self, path: &str, m: &Value) -> TestResult {
+        let body = serde_json::to_vec(m).map_err(|e| e.to_string())?;
+        let file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        std::fs::write(file.path(), body).map_err(|e| e.to_string())?;
+        let out = self
+            .curl(path)
+            .args([
+                "-X",
+                "PUT",
+                "-H",
+                "Content-Type: application/vnd.oci.image.manifest.v1+json",
+            ])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.path().display()))
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        ensure!(out.status.success(), "PUT {path}: {:?}", out.status);
+        Ok(())
+    }
+
+    /// curl of `/v2/<this run's namespace>/<path>` with the registry's CA and credentials.
+    fn curl(&self, path: &str) -> std::process::Command {
+        let run = self.registry.addr.rsplit(':').next().unwrap_or("0");
+        let mut cmd = std::process::Command::new("curl");
+        cmd.arg("-sf")
+            .arg("--cacert")
+            .arg(self.registry.dir.join("ca.crt"))
+            .args([
+                "-u",
+                &format!("{USER}:{}", chalk_integration::registry::PASSWORD),
+            ])
+            .arg(format!(
+                "https://{}/v2/run-{run}/{path}",
+                self.registry.addr
+            ));
+        cmd
     }
 
     /// Blob `digest` as the registry stores it (Distribution's layout).
@@ -660,6 +714,14 @@ fn start() -> Result<Hosts, String> {
     let a = Containerd::start().map_err(|e| format!("host A: {e}"))?;
     a.import_busybox().map_err(|e| e.to_string())?;
     let b = Containerd::start().map_err(|e| format!("host B: {e}"))?;
+    let run = registry.addr.rsplit(':').next().unwrap_or("0");
+    let chalkctl = b.chalkctl_command().map_err(|e| e.to_string())?;
+    let keys = trust::set_up(
+        chalkctl.get_program(),
+        &b.dir().join("keys"),
+        &b.options_path(),
+        &format!("{}/run-{run}/trust", registry.addr),
+    )?;
     let c = match std::env::var_os("CHALK_OTHER_RUNSC").filter(|v| !v.is_empty()) {
         Some(runsc) => Some(
             Containerd::start_with_runsc(Path::new(&runsc)).map_err(|e| format!("host C: {e}"))?,
@@ -672,6 +734,7 @@ fn start() -> Result<Hosts, String> {
         c: c.map(|c| Env { c }),
         blobs,
         registry,
+        keys: Some(keys),
     })
 }
 
@@ -688,6 +751,8 @@ fn main() {
         fault_disk_full_during_a_pull_fails_cleanly_and_pulls_after,
         fault_registry_full_during_a_push_fails_cleanly_and_resumes,
         fault_registry_gone_mid_push_and_mid_pull,
+        trust::an_encrypted_snapshot_is_unreadable_and_opens_only_with_its_key,
+        trust::a_trust_policy_lets_in_only_what_its_key_signed,
     ];
     all.extend(cases![a_lazy_resume_and_fork_on_another_host_carry_on]);
     // Debian's runsc cannot restore while pages.img arrives: its pulls fetch all.

@@ -32,5 +32,6 @@ pub mod spec;
 pub mod state;
 pub mod stats;
 pub mod terminal;
+pub mod trust;
 
 pub use error::{Error, Result};

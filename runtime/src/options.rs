@@ -24,6 +24,13 @@
 //! hosts_dir = "/etc/containerd/certs.d" # registries a `REF@sha256:…` is pulled from
 //! docker_config = "/etc/chalk/registry" # its config.json: the node's registry credentials
 //! pull_secs = 300                  # how long that pull may take
+//! [encryption]                     # see chalk_runtime::trust
+//! identities = "/etc/chalk/snapshot.key" # age identities that open encrypted snapshots (0600)
+//! [trust]                          # which keys must have signed a snapshot before it is pulled
+//! default = "allow"
+//! [[trust.rules]]
+//! scope = "registry.example:5000/agents"
+//! keys = ["/etc/chalk/trust/agents.pub"]
 //! ```
 //!
 //! Unknown keys and bad values are errors that name them: a typo must not silently fall back
@@ -79,6 +86,12 @@ pub struct RuntimeOptions {
     /// Pods that start from a snapshot (`chalk.io/restore-from`): off unless enabled.
     #[serde(default)]
     pub restore_from: crate::pod_restore::RestoreFromOptions,
+    /// The keys encrypted snapshots are opened with: none, and they are refused.
+    #[serde(default)]
+    pub encryption: crate::trust::EncryptionOptions,
+    /// Which signatures a snapshot needs before it is pulled: none by default.
+    #[serde(default)]
+    pub trust: crate::trust::TrustOptions,
 }
 
 /// `[snapshot]`: how checkpoints are taken.
@@ -138,6 +151,8 @@ impl Default for RuntimeOptions {
             gpu: chalk_hooks::GpuOptions::default(),
             snapshot: SnapshotOptions::default(),
             restore_from: Default::default(),
+            encryption: Default::default(),
+            trust: Default::default(),
         }
     }
 }
@@ -202,6 +217,8 @@ impl RuntimeOptions {
         for hook in &self.hooks {
             hook.validate().map_err(|e| e.to_string())?;
         }
+        self.encryption.validate()?;
+        self.trust.validate()?;
         self.runsc_flags().map(|_| ())
     }
 

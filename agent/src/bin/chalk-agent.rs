@@ -66,10 +66,8 @@ fn main() {
         address: cli.address.clone(),
         config: cli.config.clone(),
         access: chalk_client::remote::Access {
-            hosts_dir: cli.hosts_dir.clone(),
             plain_http: cli.plain_http,
-            user: None,
-            lazy_server: None,
+            ..chalk_client::remote::Access::new(cli.hosts_dir.clone())
         },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

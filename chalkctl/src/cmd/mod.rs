@@ -29,7 +29,7 @@ pub mod prelude {
             registry::{Filter, Status},
             sandboxes, snapshots,
         },
-        remote::{moves, pull, push},
+        remote::{self, moves, pull, push},
         stdio::{
             keeper::{self, Keeping},
             tty,

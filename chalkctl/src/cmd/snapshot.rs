@@ -4,6 +4,9 @@
 use super::prelude::*;
 
 pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
+    if let Some(done) = without_containerd(cli, command) {
+        return done;
+    }
     let (mut client, table, progress) = start(cli)?;
     match command {
         Command::Snapshot(SnapshotCommand::Create {
@@ -112,10 +115,11 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             snapshot_id,
             reference,
             registry,
+            seal,
         }) => {
             let pushed = push::push(
                 &client,
-                &registry.access(),
+                &seal.apply(registry.access()),
                 snapshot_id,
                 reference,
                 &progress,
@@ -124,6 +128,7 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                 println!("{}", pushed.reference);
             }
             Ok(json!({"id": pushed.id, "reference": pushed.reference,
+                      "encrypted": pushed.encrypted, "signed_with": pushed.signed_with,
                       "transfer": pushed.transfer.to_json(),
                       "elapsed_ms": progress.elapsed_ms()}))
         }
@@ -206,4 +211,101 @@ fn spawn_finish(cli: &Cli, name: &str) -> Result<()> {
     cmd.spawn()
         .map(drop)
         .map_err(|e| Error::from(format!("start the background checkpoint of {name}: {e}")))
+}
+
+fn keygen(table: bool, out: &std::path::Path, signing: bool) -> Result<Value> {
+    if signing {
+        let public = remote::sign::generate(out)?;
+        if table {
+            println!("{}", public.display());
+        }
+        return Ok(json!({"key": out, "public_key": public}));
+    }
+    let recipient = remote::crypt::generate(out)?;
+    if table {
+        println!("{recipient}");
+    }
+    Ok(json!({"key": out, "recipient": recipient}))
+}
+
+/// Keys, signatures and verdicts: commands that need no containerd.
+fn without_containerd(cli: &Cli, command: &Command) -> Option<Result<Value>> {
+    match command {
+        Command::Snapshot(
+            c @ (SnapshotCommand::Keygen { .. }
+            | SnapshotCommand::Sign { .. }
+            | SnapshotCommand::Verify { .. }),
+        ) => Some(keys_and_signatures(cli, c)),
+        _ => None,
+    }
+}
+
+fn keys_and_signatures(cli: &Cli, command: &SnapshotCommand) -> Result<Value> {
+    let table = cli.output == Output::Table;
+    let progress = Progress::new(table);
+    match command {
+        SnapshotCommand::Keygen { out, signing } => keygen(table, out, *signing),
+        SnapshotCommand::Sign {
+            reference,
+            key,
+            registry,
+        } => {
+            let digest = remote::trust::sign_reference(&registry.access(), reference, key)?;
+            progress.step(&format!(
+                "signed {reference} ({digest}) with {}",
+                key.display()
+            ));
+            if table {
+                println!("{digest}");
+            }
+            Ok(json!({"reference": reference, "digest": digest, "signed_with": key}))
+        }
+        SnapshotCommand::Verify {
+            reference,
+            key,
+            registry,
+        } if key.is_empty() => {
+            let policy = options(cli)?.trust;
+            let (digest, verdict) =
+                remote::trust::judge_reference(&registry.access(), &policy, reference)?;
+            let verdict = verdict.unwrap_or_else(|| "no policy applies: allowed".to_string());
+            if table {
+                println!("{reference} ({digest}): {verdict}");
+            }
+            Ok(json!({"reference": reference, "digest": digest, "verdict": verdict}))
+        }
+        SnapshotCommand::Verify {
+            reference,
+            key,
+            registry,
+        } => {
+            let v = remote::trust::verify_reference(&registry.access(), reference, key)?;
+            let Some(by) = &v.signed_by else {
+                let why = if v.signatures == 0 {
+                    "it has no signature".to_string()
+                } else {
+                    v.problems.join("; ")
+                };
+                return Err(format!("{reference} ({}) is not verified: {why}", v.digest).into());
+            };
+            if table {
+                println!("{reference} ({}): signed by {}", v.digest, by.display());
+            }
+            Ok(
+                json!({"reference": reference, "digest": v.digest, "signed_by": by,
+                      "signatures": v.signatures}),
+            )
+        }
+        _ => unreachable!("only key and signature commands come here"),
+    }
+}
+
+/// The runtime options chalkctl reads (`--config`, else the shim's default).
+fn options(cli: &Cli) -> Result<chalk_runtime::options::RuntimeOptions> {
+    use chalk_runtime::options::RuntimeOptions;
+    match cli.config.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => RuntimeOptions::load(path),
+        None => RuntimeOptions::load_default(),
+    }
+    .map_err(|e| Error::from(e.to_string()))
 }

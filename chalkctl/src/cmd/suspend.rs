@@ -11,10 +11,11 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             to: Some(to),
             release,
             registry,
+            seal,
         } => {
             let id = &names::resolve(&client, id)?;
-            let done =
-                moves::suspend_to(&mut client, &registry.access(), id, to, *release, &progress)?;
+            let access = seal.apply(registry.access());
+            let done = moves::suspend_to(&mut client, &access, id, to, *release, &progress)?;
             keeper::wait_ended(&keeping(cli)?.dir(id)?);
             progress.step(&format!(
                 "{id} suspended to {} in {}",
@@ -28,6 +29,8 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             out["elapsed_ms"] = progress.elapsed_ms().into();
             Ok(json!({"id": id, "status": "suspended", "snapshot": out,
                       "pushed": {"reference": done.pushed.reference,
+                                 "encrypted": done.pushed.encrypted,
+                                 "signed_with": done.pushed.signed_with,
                                  "transfer": done.pushed.transfer.to_json()},
                       "released": done.released.map(|g| json!({"freed_bytes": g.bytes_freed}))}))
         }

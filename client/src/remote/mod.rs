@@ -5,6 +5,7 @@
 //! mirrors and CAs, credentials from `--user` or the docker config, HTTPS unless asked.
 
 pub mod auth;
+pub mod crypt;
 pub mod hosts;
 mod image;
 pub mod lazy;
@@ -13,6 +14,8 @@ pub mod prune;
 pub mod pull;
 pub mod push;
 mod session;
+pub mod sign;
+pub mod trust;
 
 use std::path::PathBuf;
 
@@ -32,6 +35,42 @@ pub struct Access {
     /// The program that serves a memory file while it arrives (chalkctl's `serve-lazy`);
     /// none: a pull fetches everything before it ends.
     pub lazy_server: Option<PathBuf>,
+    /// Pushes encrypt every blob for these (`age1…` keys, or files of them).
+    pub encrypt_to: Vec<String>,
+    /// Pushes sign the pushed manifest with this key (PEM, P-256).
+    pub sign_with: Option<PathBuf>,
+}
+
+impl Access {
+    /// Plain HTTPS access with the default credentials, as the node agent and tools use.
+    pub fn new(hosts_dir: PathBuf) -> Access {
+        Access {
+            hosts_dir,
+            plain_http: false,
+            user: None,
+            lazy_server: None,
+            encrypt_to: Vec::new(),
+            sign_with: None,
+        }
+    }
+
+    /// The recipients pushes encrypt for, checked: none, and pushes are plain.
+    pub fn recipients(&self) -> Result<Option<crypt::Recipients>> {
+        if self.encrypt_to.is_empty() {
+            return Ok(None);
+        }
+        crypt::Recipients::parse(&self.encrypt_to).map(Some)
+    }
+
+    /// Refuses recipients or a signing key that a push could not use (before a suspend
+    /// stops its sandbox).
+    pub fn check_push(&self) -> Result<()> {
+        self.recipients()?;
+        if let Some(key) = &self.sign_with {
+            sign::SigningKey::load(key)?;
+        }
+        Ok(())
+    }
 }
 
 /// Parses a registry reference (`host[:port]/repo[:tag][@digest]`) as docker and containerd

@@ -33,8 +33,10 @@ pub fn suspend_to(
     release: bool,
     progress: &Progress,
 ) -> Result<Suspended> {
-    // A reference that cannot be used is refused before the sandbox stops.
+    // A reference, recipients or a key that cannot be used are refused before the sandbox
+    // stops.
     super::reference(to)?;
+    access.check_push()?;
     let snapshot = crate::ops::snapshot::create(client, id, Vec::new(), true, progress)?;
     let pushed = push::push(client, access, &snapshot.digest, to, progress).map_err(|e| {
         Error::from(format!(

@@ -3,11 +3,14 @@
 //! memory is fetched; blobs the store already has are not fetched again; each blob is
 //! checked against its digest on the way and the whole snapshot read back before its record
 //! is made. A pull that fails leaves no record, and its blobs go at the next gc.
+//! The `[trust]` policy decides from the manifest's digest and its signatures first; an
+//! encrypted snapshot is opened with the `[encryption]` keys (its memory then arrives whole).
 
 use chalk_runtime::hostcheck::{self, Host};
 use chalk_runtime::snapshot::{
     manifest::ImageRef,
-    oci::{self, ImageManifest},
+    oci::{self, Descriptor, ImageManifest},
+    sealed::Sealed,
     store::Store,
     Manifest,
 };
@@ -15,7 +18,7 @@ use oci_client::RegistryOperation;
 
 use chalk_runtime::snapshot::pieces::{Pieces, LAZY_FILE};
 
-use super::{auth::Credentials, hosts::Use, image, lazy, session, Access, Transfer};
+use super::{auth::Credentials, crypt, hosts::Use, image, lazy, session, Access, Transfer};
 use crate::{
     containerd::Client,
     progress::megabytes,
@@ -61,8 +64,38 @@ pub fn pull(
             Err(e) => tried.push(e.to_string()),
         }
     }
-    let Some((s, (bytes, id))) = found else {
+    let Some((s, (bytes, pinned))) = found else {
         return Err(Error::from(tried.join("; then ")));
+    };
+    let opts = client.options()?;
+    if let Some(verdict) = super::trust::enforce(&opts.trust, &s, &r, reference, &pinned)? {
+        progress.step(&format!("{}: {verdict}", crate::progress::short(&pinned)));
+    }
+    let not_ours = |why: String| {
+        Error::from(format!(
+            "{reference} is not a chalk snapshot ({why}): nothing was fetched"
+        ))
+    };
+    // An encrypted snapshot's first layer is its own manifest: its digest is the id.
+    let sealed = Sealed::of(&ImageManifest::parse(&bytes).map_err(not_ours)?).map_err(not_ours)?;
+    let (keys, bytes, id) = match &sealed {
+        None => (None, bytes, pinned),
+        Some(sealed) => {
+            let keys = opts.encryption.identities.as_deref().ok_or_else(|| {
+                Error::from(format!(
+                    "{reference} is encrypted and this host has no key: set [encryption] \
+                     identities in the runtime options to a key file of one of its recipients \
+                     (chalkctl snapshot keygen makes one); nothing was fetched but its manifest"
+                ))
+            })?;
+            let keys = crypt::Keys::load(keys)?;
+            s.login(&r, RegistryOperation::Pull)?;
+            let inner = s.blob(&r, &sealed.inner.digest, SMALL)?;
+            let inner = crypt::decrypt_any(&keys, &inner)
+                .map_err(|e| Error::from(format!("{reference}: {e}; nothing else was fetched")))?;
+            let id = oci::sha256_digest(&inner);
+            (Some(keys), bytes::Bytes::from(inner), id)
+        }
     };
     let store = client.store()?;
     if let Ok(existing) = snapshots::find(client, &id) {
@@ -77,19 +110,30 @@ pub fn pull(
             });
         }
     }
-    let not_ours = |why: String| {
-        Error::from(format!(
-            "{reference} is not a chalk snapshot ({why}): nothing was fetched"
-        ))
-    };
     let oci_manifest = ImageManifest::parse(&bytes).map_err(not_ours)?;
     // Refuses any other artifact type.
     let layout = oci_manifest.layout().map_err(not_ours)?;
+    // Each plain layer's encrypted blob, for an encrypted snapshot.
+    let encrypted: Vec<(&Descriptor, &Descriptor)> = match &sealed {
+        Some(sealed) => sealed
+            .bound(&oci_manifest)
+            .map_err(|e| not_ours(format!("its encrypted layers: {e}")))?,
+        None => Vec::new(),
+    };
+    let sealed_of = |d: &Descriptor| encrypted.iter().find(|(p, _)| *p == d).map(|(_, s)| *s);
+    let small = |d: &Descriptor| -> Result<Vec<u8>> {
+        match (sealed_of(d), &keys) {
+            (Some(e), Some(keys)) => {
+                crypt::decrypt_bytes(keys, &s.blob(&r, &e.digest, SMALL)?, &d.digest)
+            }
+            _ => s.blob(&r, &d.digest, SMALL),
+        }
+    };
     s.login(&r, RegistryOperation::Pull)?;
-    let chalk = s.blob(&r, &layout.chalk_manifest.digest, SMALL)?;
+    let chalk = small(&layout.chalk_manifest)?;
     let m = Manifest::parse(&chalk, store.root()).map_err(|e| Error::from(e.to_string()))?;
     let host = check_host(client, &m, reference)?;
-    let spec = s.blob(&r, &layout.spec.digest, SMALL)?;
+    let spec = small(&layout.spec)?;
     let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
 
     let name = registry::record_name(&m.source.sandbox_id, &crate::clock::now());
@@ -144,6 +188,10 @@ pub fn pull(
             let memory = layout.files.iter().find(|d| d.title() == Some(LAZY_FILE));
             let why = match memory {
                 Some(d) if store.has_blob(&d.digest) => return None,
+                Some(_) if sealed.is_some() => Some(
+                    "it is encrypted (its memory is decrypted whole before the sandbox runs)"
+                        .to_string(),
+                ),
                 Some(d) => lazy_unavailable(&m, &host, d.size),
                 None => Some(host_cannot_serve(&host).unwrap_or_else(|| {
                     "its memory is not a separate pages.img (written by another runsc)".into()
@@ -208,10 +256,29 @@ pub fn pull(
                 }
             }
             let part = ingest.part_path(hex);
-            progress.during(&format!("fetching {title} ({})", megabytes(d.size)), || {
-                s.blob_to_file(&r, &d.digest, d.size, &part)
-            })?;
-            t.moved(d.size);
+            match (sealed_of(d), &keys) {
+                (Some(e), Some(keys)) => {
+                    let enc = ingest.dir().join(format!("{hex}.age"));
+                    let got = progress.during(
+                        &format!("fetching and decrypting {title} ({})", megabytes(e.size)),
+                        || {
+                            s.blob_to_file(&r, &e.digest, e.size, &enc)?;
+                            let plain = crypt::decrypt_file(keys, &enc, &part, &d.digest);
+                            let _ = std::fs::remove_file(&enc);
+                            plain
+                        },
+                    );
+                    got?;
+                    t.moved(e.size);
+                }
+                _ => {
+                    progress
+                        .during(&format!("fetching {title} ({})", megabytes(d.size)), || {
+                            s.blob_to_file(&r, &d.digest, d.size, &part)
+                        })?;
+                    t.moved(d.size);
+                }
+            }
         }
         let small: [&[u8]; 3] = [&chalk, &spec, &config];
         let (_, stored) = store

@@ -1,12 +1,19 @@
 //! `chalkctl snapshot push`: a completed snapshot from the store to a registry, with its base
 //! image when the repository lacks it; blobs the registry already has are not sent again (a
-//! second snapshot of the same sandbox sends what changed).
+//! second snapshot of the same sandbox sends what changed). With recipients, every blob but
+//! the empty config is encrypted on this host first (`sealed`), so nothing of the memory
+//! reaches the registry readable; with a key, the pushed manifest is signed as cosign signs.
 
-use chalk_runtime::snapshot::{manifest::ImageRef, oci};
+use chalk_runtime::snapshot::{
+    manifest::ImageRef,
+    oci::{self, ImageManifest},
+    sealed,
+    store::{Store, Stored as StoredSnapshot},
+};
 use oci_client::{Reference, RegistryOperation};
 use serde_json::{json, Value};
 
-use super::{hosts::Use, image, session, Access, Transfer};
+use super::{crypt, hosts::Use, image, session, sign::SigningKey, Access, Transfer};
 use crate::{
     containerd::Client, progress::megabytes, progress::Progress, records::registry::Status,
     records::snapshots, Error, Result,
@@ -17,6 +24,10 @@ pub struct Pushed {
     pub reference: String,
     pub id: String,
     pub transfer: Transfer,
+    /// Encrypted for recipients (then the reference's digest is not the id).
+    pub encrypted: bool,
+    /// The signing key's file, when signed.
+    pub signed_with: Option<std::path::PathBuf>,
 }
 
 /// Pushes snapshot `query` (an id, a prefix or a record name) to `target`.
@@ -27,6 +38,13 @@ pub fn push(
     target: &str,
     progress: &Progress,
 ) -> Result<Pushed> {
+    // Keys and recipients that cannot be used are refused before anything moves.
+    let recipients = access.recipients()?;
+    let signer = access
+        .sign_with
+        .as_deref()
+        .map(SigningKey::load)
+        .transpose()?;
     let snap = snapshots::find(client, query)?;
     if snap.status != Status::Completed {
         return Err(format!(
@@ -75,24 +93,30 @@ pub fn push(
         image::push(client, s, &r, source.as_ref(), &base, &mut t, progress)?;
     }
 
-    let blobs = std::iter::once(&stored.oci.config).chain(&stored.oci.layers);
-    for d in blobs {
-        let name = d.title().unwrap_or(&d.media_type).to_string();
-        if s.has_blob(&r, &d.digest)? {
-            t.present(d.size);
-            continue;
+    let (manifest, digest, artifact) = match &recipients {
+        None => {
+            push_plain(s, &r, &store, &stored, &mut t, progress)?;
+            (stored.manifest_bytes.clone(), id.clone(), oci::ARTIFACT)
         }
-        let path = store
-            .blob_path(&d.digest)
-            .map_err(|e| Error::from(e.to_string()))?;
-        progress.during(&format!("pushing {name} ({})", megabytes(d.size)), || {
-            s.push_file(&r, &path, &d.digest, d.size)
-        })?;
-        t.moved(d.size);
-    }
-    s.push_manifest(&r, stored.manifest_bytes.clone(), oci::MANIFEST)?;
+        Some(to) => {
+            let m = push_sealed(s, &r, &store, &stored, to, &mut t, progress)?;
+            let bytes = m.to_bytes();
+            let digest = oci::sha256_digest(&bytes);
+            (bytes, digest, sealed::ARTIFACT)
+        }
+    };
+    let size = manifest.len();
+    s.push_manifest(&r, manifest, oci::MANIFEST)?;
     if let Some(subject) = &stored.layout.subject {
-        add_referrer(s, &r, &subject.digest, &id, stored.manifest_bytes.len())?;
+        add_referrer(s, &r, &subject.digest, &digest, size, artifact)?;
+    }
+    if let (Some(key), Some(path)) = (&signer, &access.sign_with) {
+        super::trust::sign(s, &r, &digest, key)?;
+        progress.step(&format!(
+            "signed {} with {}",
+            crate::progress::short(&digest),
+            path.display()
+        ));
     }
     progress.step(&format!(
         "pushed {} to {} ({} sent, {} already there)",
@@ -107,10 +131,90 @@ pub fn push(
         r.tag().unwrap_or("latest").to_string(),
     );
     Ok(Pushed {
-        reference: format!("{}@{id}", tagged.whole()),
+        reference: format!("{}@{digest}", tagged.whole()),
         id,
         transfer: t,
+        encrypted: recipients.is_some(),
+        signed_with: access.sign_with.clone(),
     })
+}
+
+/// The snapshot's blobs as the store keeps them (those the registry has are not sent).
+fn push_plain(
+    s: &session::Session,
+    r: &Reference,
+    store: &Store,
+    stored: &StoredSnapshot,
+    t: &mut Transfer,
+    progress: &Progress,
+) -> Result<()> {
+    let blobs = std::iter::once(&stored.oci.config).chain(&stored.oci.layers);
+    for d in blobs {
+        let name = d.title().unwrap_or(&d.media_type).to_string();
+        if s.has_blob(r, &d.digest)? {
+            t.present(d.size);
+            continue;
+        }
+        let path = store
+            .blob_path(&d.digest)
+            .map_err(|e| Error::from(e.to_string()))?;
+        progress.during(&format!("pushing {name} ({})", megabytes(d.size)), || {
+            s.push_file(r, &path, &d.digest, d.size)
+        })?;
+        t.moved(d.size);
+    }
+    Ok(())
+}
+
+/// Each blob encrypted for `to` in a scratch directory of the store (root-only, removed
+/// after), then pushed: the encrypted snapshot's manifest. Encryption is randomized, so every
+/// push sends every blob.
+fn push_sealed(
+    s: &session::Session,
+    r: &Reference,
+    store: &Store,
+    stored: &StoredSnapshot,
+    to: &crypt::Recipients,
+    t: &mut Transfer,
+    progress: &Progress,
+) -> Result<ImageManifest> {
+    let config = &stored.oci.config;
+    if s.has_blob(r, &config.digest)? {
+        t.present(config.size);
+    } else {
+        s.push_bytes(r, oci::EMPTY_DATA.to_vec(), &config.digest)?;
+        t.moved(config.size);
+    }
+    let inner = crypt::encrypt_bytes(to, &stored.manifest_bytes)?;
+    let inner_desc = (oci::sha256_digest(&inner), inner.len() as u64);
+    s.push_bytes(r, inner, &inner_desc.0)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let scratch = store
+        .begin_ingest(&format!("seal-{}-{nanos}", std::process::id()))
+        .map_err(|e| Error::from(e.to_string()))?;
+    let mut layers = Vec::with_capacity(stored.oci.layers.len());
+    for (i, d) in stored.oci.layers.iter().enumerate() {
+        let name = d.title().unwrap_or(&d.media_type).to_string();
+        let path = store
+            .blob_path(&d.digest)
+            .map_err(|e| Error::from(e.to_string()))?;
+        let out = scratch.dir().join(format!("{i}.age"));
+        let sent = progress.during(
+            &format!("encrypting and pushing {name} ({})", megabytes(d.size)),
+            || {
+                let (digest, size) = crypt::encrypt_file(to, &path, &out)?;
+                let pushed = s.push_file(r, &out, &digest, size);
+                let _ = std::fs::remove_file(&out);
+                pushed.map(|_| (digest, size))
+            },
+        )?;
+        t.moved(sent.1);
+        layers.push(sent);
+    }
+    drop(scratch);
+    sealed::seal(&stored.oci, inner_desc, &layers).map_err(Error::from)
 }
 
 /// Lists snapshot `digest` among the referrers of `subject` in the tag that registries
@@ -121,6 +225,7 @@ fn add_referrer(
     subject: &str,
     digest: &str,
     size: usize,
+    artifact: &str,
 ) -> Result<()> {
     const INDEX: &str = "application/vnd.oci.image.index.v1+json";
     let tag = Reference::with_tag(
@@ -140,7 +245,7 @@ fn add_referrer(
         return Ok(());
     }
     let entry = json!({"mediaType": oci::MANIFEST, "digest": digest, "size": size,
-                       "artifactType": oci::ARTIFACT});
+                       "artifactType": artifact});
     match index["manifests"].as_array_mut() {
         Some(list) => list.push(entry),
         None => index["manifests"] = json!([entry]),

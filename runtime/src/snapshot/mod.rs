@@ -10,6 +10,8 @@ pub mod isolation;
 pub mod manifest;
 pub mod oci;
 pub mod pieces;
+pub mod sealed;
+pub mod signature;
 pub mod space;
 pub mod store;
 

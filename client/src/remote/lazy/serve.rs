@@ -63,10 +63,8 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
     );
     let reference = crate::remote::reference(&job.reference)?;
     let access = Access {
-        hosts_dir: job.hosts_dir.clone(),
         plain_http: job.plain_http,
-        user: None,
-        lazy_server: None,
+        ..Access::new(job.hosts_dir.clone())
     };
     let credentials = job.credentials();
     let session = session::sessions_as(&access, &reference, Use::Pull, Some(&credentials))?
