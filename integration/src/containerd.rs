@@ -140,6 +140,8 @@ pub enum Setup {
         /// Which pod network (bridge and subnet) of [`cni_conflist`]: one per node when
         /// several share this machine.
         network: u8,
+        /// More runtime options for the node (`[trust]`, `[encryption]`).
+        options: String,
     },
 }
 
@@ -150,6 +152,8 @@ pub struct CriOptions {
     pub registry_hosts: Option<PathBuf>,
     pub registry_auth: Option<PathBuf>,
     pub network: u8,
+    /// Appended to the node's runtime options.
+    pub options: String,
 }
 
 pub struct Containerd {
@@ -229,6 +233,7 @@ impl Containerd {
             registry_hosts: o.registry_hosts,
             registry_auth: o.registry_auth,
             network: o.network,
+            options: o.options,
         })?;
         c.import_busybox()?;
         // Blocks for ever, as `tail` rather than `sleep`: critest looks for its own sleeps.
@@ -813,11 +818,13 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
         Setup::Cri {
             registry_hosts,
             registry_auth,
+            options,
             ..
         } => {
-            let mut r =
-                "\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\nwait_secs = 8\n"
-                    .to_string();
+            let mut r = format!(
+                "\n{options}\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\n\
+                 wait_secs = 8\n"
+            );
             if let Some(hosts) = registry_hosts {
                 r.push_str(&format!("hosts_dir = \"{}\"\n", hosts.display()));
             }

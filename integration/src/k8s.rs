@@ -323,6 +323,7 @@ impl Cluster {
                 registry_hosts: how.registry.map(|r| r.hosts_dir.clone()),
                 registry_auth: how.registry.map(|r| r.docker_config.clone()),
                 network: i as u8,
+                options: String::new(),
             })
             .map_err(|e| format!("containerd of {name}: {e}"))?;
             cluster.start_kubelet(&pki, i, &containerd)?;

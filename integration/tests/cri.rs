@@ -27,6 +27,41 @@ struct CriEnv {
     registry: Option<Secured>,
     /// Kubernetes' CRI command line (when CHALK_CRICTL names one).
     crictl: Option<Crictl>,
+    /// The signing keys of the node's `[trust]` rule over the registry's `signed/`.
+    keys: Option<SigningKeys>,
+}
+
+/// Two signing keys; the node's policy names the first.
+struct SigningKeys {
+    dir: tempfile::TempDir,
+}
+
+impl SigningKeys {
+    /// Makes them, and the runtime options that trust the first for `scope`.
+    fn make(scope: &str) -> Result<(SigningKeys, String), String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let chalkctl =
+            chalk_integration::containerd::chalkctl_binary().map_err(|e| e.to_string())?;
+        for name in ["trusted.key", "other.key"] {
+            let out = std::process::Command::new(&chalkctl)
+                .args(["snapshot", "keygen", "--signing", "--out"])
+                .arg(dir.path().join(name))
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!("keygen: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+        }
+        let options = format!(
+            "[trust]\n[[trust.rules]]\nscope = \"{scope}\"\nkeys = [\"{}\"]\n",
+            dir.path().join("trusted.key.pub").display()
+        );
+        Ok((SigningKeys { dir }, options))
+    }
+
+    fn key(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
 }
 
 impl Deref for CriEnv {
@@ -707,6 +742,96 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
     Ok(())
 }
 
+/// The node's `[trust]` rule names one key for the registry's `signed/`: a restore-from pod
+/// of a snapshot there unsigned, or signed by another key, fails with the policy's refusal
+/// (what the kubelet shows in the pod's events), as does an encrypted snapshot on a node with
+/// no key; signed by the named key, the pod starts from it.
+fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
+    let registry = e.registry.as_ref().ok_or("no registry")?;
+    let keys = e.keys.as_ref().ok_or("no keys")?;
+    let (source, web, _) = web_and_side(e, "trusted")?;
+    let snapshot = pod_snapshot(e, &source)?;
+    // Pushed to `repo:tag`: `repo@digest`, as a pod names it.
+    let pinned = |repo: &str, extra: &[&str]| -> Result<String, Failed> {
+        let reference = format!("{}/{repo}", registry.addr);
+        let mut args = vec!["snapshot", "push", "--snapshot-id", &snapshot, &reference];
+        args.extend_from_slice(extra);
+        let out = chalkctl_to_registry(e, &args);
+        ensure!(out.code == 0, "push to {reference}: {out:?}");
+        let digest = out
+            .stdout
+            .trim()
+            .rsplit('@')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let name = repo.split(':').next().unwrap_or_default();
+        Ok(format!("{}/{name}@{digest}", registry.addr))
+    };
+    let (other, trusted) = (keys.key("other.key"), keys.key("trusted.key"));
+    let recipient = chalkctl_to_registry(e, &["snapshot", "keygen", "--out", &keys.key("age.key")]);
+    ensure!(recipient.code == 0, "keygen: {recipient:?}");
+    let cases = [
+        (pinned("signed/unsigned:v1", &[])?, "it has no signature"),
+        (
+            pinned("signed/other:v1", &["--sign", &other])?,
+            "does not verify with any of the keys",
+        ),
+        (
+            pinned("pods/sealed:v1", &["--encrypt-to", recipient.stdout.trim()])?,
+            "is encrypted and this host has no key",
+        ),
+    ];
+    let signed = pinned("signed/good:v1", &["--sign", &trusted])?;
+    e.stop_and_remove(&source)?;
+    let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    ensure!(deleted.code == 0, "delete: {deleted:?}");
+    for (i, (value, why)) in cases.iter().enumerate() {
+        let name = format!("untrusted-{i}");
+        let got = e.cri.run_pod_with(
+            &name,
+            CRI_HANDLER,
+            false,
+            "default",
+            &[(RESTORE_FROM, value)],
+        );
+        ensure!(
+            got.as_ref().is_err_and(|m| m.contains(why)),
+            "pod {name} ({value}): {got:?}"
+        );
+        for left in e.cri.pods_named(&name)? {
+            ensure!(
+                e.processes_for(&left) == (0, 0),
+                "the refused pod {name} left processes"
+            );
+            e.cri.remove_pod(&left)?;
+        }
+    }
+    let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
+    ensure!(
+        !list.stdout.contains(&snapshot),
+        "a refused pull left a record: {list:?}"
+    );
+
+    let pod = e.cri.run_pod_with(
+        "trusted-2",
+        CRI_HANDLER,
+        false,
+        "default",
+        &[(RESTORE_FROM, &signed)],
+    )?;
+    let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
+    e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
+    let n = e.counter(&web2)?;
+    ensure!(
+        n > 0,
+        "the trusted pod counts from {n} ({web} was the source)"
+    );
+    e.stop_and_remove(&pod)?;
+    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    Ok(())
+}
+
 fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> TestResult {
     let missing = format!("sha256:{}", "0".repeat(64));
     for (name, namespace, value, why) in [
@@ -872,9 +997,18 @@ fn main() {
             Secured::start(std::path::Path::new(&bin), None, &[])
                 .unwrap_or_else(|e| panic!("cannot start the registry: {e}"))
         });
+    let (keys, trust) = match &registry {
+        Some(r) => {
+            let (keys, options) = SigningKeys::make(&format!("{}/signed", r.addr))
+                .unwrap_or_else(|e| panic!("cannot make keys: {e}"));
+            (Some(keys), options)
+        }
+        None => (None, String::new()),
+    };
     let c = Containerd::start_cri(chalk_integration::containerd::CriOptions {
         registry_hosts: registry.as_ref().map(|r| r.hosts_dir.clone()),
         registry_auth: registry.as_ref().map(|r| r.docker_config.clone()),
+        options: trust,
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -909,9 +1043,12 @@ fn main() {
             .map(|c| c.ignored_if(old_runsc || crictl.is_none())),
     )
     .chain(
-        cases![a_pod_starts_from_a_registry_snapshot_this_node_lacks]
-            .into_iter()
-            .map(|c| c.ignored_if(old_runsc || registry.is_none())),
+        cases![
+            a_pod_starts_from_a_registry_snapshot_this_node_lacks,
+            a_pod_starts_only_from_a_snapshot_its_node_trusts
+        ]
+        .into_iter()
+        .map(|c| c.ignored_if(old_runsc || registry.is_none())),
     )
     .collect();
     testkit::run(
@@ -920,6 +1057,7 @@ fn main() {
             cri,
             registry,
             crictl,
+            keys,
         },
         all,
         |_| Ok(()),
