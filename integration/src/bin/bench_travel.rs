@@ -10,6 +10,10 @@
 //!
 //!   chalk-bench-travel [--quick] [--out DIR] [--sizes MB[,MB…]] [--reps N] [--lean]
 //!
+//! Then the same moves encrypted and signed: the first snapshot pushed with `--encrypt-to`
+//! and `--sign`, its signature checked by B's `[trust]` policy, pulled by B (verified and
+//! decrypted), and the sandbox suspended from B encrypted and signed and resumed on A.
+//!
 //! `--lean` leaves out the second push and curl's transfers (a 4 GB run's registry holds
 //! twice less).
 
@@ -132,6 +136,59 @@ struct Samples {
     resume_local_loaded: Vec<f64>,
     curl_put: Vec<f64>,
     curl_get: Vec<f64>,
+    push_sealed: Vec<f64>,
+    verify: Vec<f64>,
+    pull_sealed: Vec<f64>,
+    suspend_sealed: Vec<f64>,
+    resume_sealed: Vec<f64>,
+    resume_sealed_loaded: Vec<f64>,
+}
+
+/// The keys both hosts share: an age identity (in `[encryption]`) and a signing key their
+/// `[trust]` policy names for the registry's `sealed/`.
+struct Sealing {
+    _dir: tempfile::TempDir,
+    recipient: String,
+    key: String,
+}
+
+impl Sealing {
+    fn set_up(reg: &Secured, hosts: &[&Containerd]) -> Result<Sealing, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let chalkctl =
+            chalk_integration::containerd::chalkctl_binary().map_err(|e| e.to_string())?;
+        let keygen = |args: &[&str]| -> Result<String, String> {
+            let out = Command::new(&chalkctl)
+                .args(["snapshot", "keygen"])
+                .args(args)
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!("keygen: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        let identities = dir.path().join("hosts.age");
+        let key = dir.path().join("signer.key");
+        let recipient = keygen(&["--out", &identities.display().to_string()])?;
+        keygen(&["--signing", "--out", &key.display().to_string()])?;
+        for c in hosts {
+            let mut text = std::fs::read_to_string(c.options_path()).map_err(|e| e.to_string())?;
+            text.push_str(&format!(
+                "\n[encryption]\nidentities = \"{}\"\n[trust]\n[[trust.rules]]\n\
+                 scope = \"{}/sealed\"\nkeys = [\"{}.pub\"]\n",
+                identities.display(),
+                reg.addr,
+                key.display()
+            ));
+            std::fs::write(c.options_path(), text).map_err(|e| e.to_string())?;
+        }
+        Ok(Sealing {
+            recipient,
+            key: key.display().to_string(),
+            _dir: dir,
+        })
+    }
 }
 
 /// From the start of a command that reached running in `took`, how long until the restore
@@ -241,9 +298,10 @@ fn run(o: &Opts) -> Result<(), String> {
     a.import_busybox()
         .map_err(|e| format!("import busybox: {e}"))?;
     let b = Containerd::start().map_err(|e| format!("host B: {e}"))?;
+    let sealing = Sealing::set_up(&reg, &[&a, &b])?;
     let mut sections = Vec::new();
     for &size in &o.sizes {
-        let s = run_size(o, size, &reg, &a, &b)?;
+        let s = run_size(o, size, &reg, &a, &b, &sealing)?;
         sections.push((size, s));
     }
     write_report(o, &sections)
@@ -256,6 +314,7 @@ fn run_size(
     reg: &Secured,
     a: &Containerd,
     b: &Containerd,
+    sealing: &Sealing,
 ) -> Result<Samples, String> {
     let (on_a, on_b) = (ViaCtr::chalk(a), ViaCtr::chalk(b));
     let mut s = Samples::default();
@@ -331,6 +390,40 @@ fn run_size(
         s.resume_lazy_loaded
             .extend(loaded_after(&on_b, &id, 1, took));
         wait_arrived(b, &suspended)?;
+
+        // Encrypted and signed: pushed from A, checked and pulled by B; suspended from B,
+        // resumed on A (which first forgets the sandbox).
+        let sealed = format!("{}/sealed/{id}", reg.addr);
+        let seal = ["--encrypt-to", &sealing.recipient, "--sign", &sealing.key];
+        let sealed_first = format!("{sealed}:first");
+        let (took, _) = timed(|| {
+            let mut args = vec!["snapshot", "push", "--snapshot-id", &first, &sealed_first];
+            args.extend(seal);
+            on_a.chalkctl(&args)
+        })?;
+        s.push_sealed.push(ms(took));
+        let (took, _) = timed(|| on_b.chalkctl(&["snapshot", "verify", &sealed_first]))?;
+        s.verify.push(ms(took));
+        let (took, _) = timed(|| on_b.chalkctl(&["snapshot", "pull", &sealed_first]))?;
+        s.pull_sealed.push(ms(took));
+        on_b.delete_snapshot(&first);
+        let sealed_susp = format!("{sealed}:suspended");
+        let (took, _) = timed(|| {
+            let mut args = vec!["suspend", "--id", &id, "--to", &sealed_susp, "--release"];
+            args.extend(seal);
+            on_b.chalkctl(&args)
+        })?;
+        s.suspend_sealed.push(ms(took));
+        on_a.remove(&id);
+        let (took, out) =
+            timed(|| on_a.chalkctl(&["resume", "--id", &id, "--from", &sealed_susp]))?;
+        s.resume_sealed.push(ms(took));
+        s.resume_sealed_loaded
+            .extend(loaded_after(&on_a, &id, 0, took));
+        if let Some(d) = out["snapshot"].as_str() {
+            on_a.remove(&id);
+            on_a.delete_snapshot(d);
+        }
 
         on_b.remove(&id);
         on_a.remove(&id);
@@ -489,6 +582,48 @@ fn write_report(o: &Opts, sections: &[(u64, Samples)]) -> Result<(), String> {
                     "curl: GET of the largest file to disk (the reference)",
                     Unit::Millis,
                     &s.curl_get,
+                ),
+            ]),
+        });
+    }
+    for (size, s) in sections {
+        tables.push(Plain {
+            title: format!("Encrypted and signed, {size} MB sandbox"),
+            about: "The same moves with `--encrypt-to` (age, X25519: every blob encrypted on the \
+                    host before it leaves) and `--sign` (a cosign signature of the pushed \
+                    manifest): host A pushes the first snapshot to a repository of its own; \
+                    host B checks its signature under its `[trust]` policy (`snapshot verify`), \
+                    then pulls it (policy, fetch, decrypt, digests); B suspends the sandbox \
+                    encrypted and signed, and A, which forgot it, resumes it (an encrypted \
+                    snapshot's memory is decrypted whole before the restore: no lazy pull). \
+                    Compare with the plain rows above."
+                .into(),
+            rows: rows(vec![
+                ("encrypted, signed push (A)", Unit::Millis, &s.push_sealed),
+                (
+                    "`snapshot verify` by the policy (B)",
+                    Unit::Millis,
+                    &s.verify,
+                ),
+                (
+                    "full pull, verified and decrypted (B)",
+                    Unit::Millis,
+                    &s.pull_sealed,
+                ),
+                (
+                    "`suspend --to --release`, encrypted and signed (B)",
+                    Unit::Millis,
+                    &s.suspend_sealed,
+                ),
+                (
+                    "`resume --from` an encrypted snapshot (A): time to running",
+                    Unit::Millis,
+                    &s.resume_sealed,
+                ),
+                (
+                    "`resume --from` an encrypted snapshot (A): loaded",
+                    Unit::Millis,
+                    &s.resume_sealed_loaded,
                 ),
             ]),
         });
