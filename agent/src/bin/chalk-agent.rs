@@ -43,6 +43,12 @@ struct Cli {
     /// with their memory).
     #[arg(long = "runtime-class", default_value = "chalk")]
     runtime_classes: Vec<String>,
+    /// Suspends encrypt every blob for these age recipients (`age1…`, or files of them).
+    #[arg(long, env = "CHALK_ENCRYPT_TO", value_delimiter = ',')]
+    encrypt_to: Vec<String>,
+    /// Suspends sign what they push with this PEM P-256 key, as cosign signs.
+    #[arg(long, env = "CHALK_SIGN_KEY")]
+    sign: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -62,13 +68,21 @@ fn main() {
         eprintln!("chalk-agent: give --node (or NODE_NAME): this node's name in Kubernetes");
         std::process::exit(2);
     };
+    let access = chalk_client::remote::Access {
+        plain_http: cli.plain_http,
+        encrypt_to: cli.encrypt_to.clone(),
+        sign_with: cli.sign.clone(),
+        ..chalk_client::remote::Access::new(cli.hosts_dir.clone())
+    };
+    // Recipients or a key a suspend could not use are refused before the agent starts.
+    if let Err(e) = access.check_push() {
+        eprintln!("chalk-agent: {e}");
+        std::process::exit(2);
+    }
     let node = Node {
         address: cli.address.clone(),
         config: cli.config.clone(),
-        access: chalk_client::remote::Access {
-            plain_http: cli.plain_http,
-            ..chalk_client::remote::Access::new(cli.hosts_dir.clone())
-        },
+        access,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
