@@ -726,18 +726,25 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
                 .is_err_and(|m| m.contains("could not be pulled")),
             "pod {name} ({value}): {got:?}"
         );
-        for left in e.cri.pods_named(name)? {
-            ensure!(
-                e.processes_for(&left) == (0, 0),
-                "the refused pod {name} left processes"
-            );
-            e.cri.remove_pod(&left)?;
-        }
+        remove_refused(e, name)?;
         let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
         ensure!(
             !list.stdout.contains(&snapshot),
             "the refused pull of {value} left a record: {list:?}"
         );
+    }
+    Ok(())
+}
+
+/// Checks that the pods named `name` (a refused RunPodSandbox may leave a NotReady record)
+/// hold no process, and removes them.
+fn remove_refused(e: &CriEnv, name: &str) -> TestResult {
+    for left in e.cri.pods_named(name)? {
+        ensure!(
+            e.processes_for(&left) == (0, 0),
+            "the refused pod {name} left processes"
+        );
+        e.cri.remove_pod(&left)?;
     }
     Ok(())
 }
@@ -799,13 +806,7 @@ fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
             got.as_ref().is_err_and(|m| m.contains(why)),
             "pod {name} ({value}): {got:?}"
         );
-        for left in e.cri.pods_named(&name)? {
-            ensure!(
-                e.processes_for(&left) == (0, 0),
-                "the refused pod {name} left processes"
-            );
-            e.cri.remove_pod(&left)?;
-        }
+        remove_refused(e, &name)?;
     }
     let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
     ensure!(
@@ -860,16 +861,7 @@ fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> Tes
             got.as_ref().is_err_and(|m| m.contains(why)),
             "pod {name} ({value} in {namespace}): {got:?}"
         );
-        let left = e.cri.pods_named(name)?;
-        for pod in &left {
-            // CRI may keep a NotReady record of a failed RunPodSandbox: it must hold nothing.
-            ensure!(
-                e.processes_for(pod) == (0, 0),
-                "the refused pod {name} left processes: {:?}",
-                e.processes_for(pod)
-            );
-            e.cri.remove_pod(pod)?;
-        }
+        remove_refused(e, name)?;
     }
     Ok(())
 }

@@ -143,22 +143,11 @@ pub fn encrypt_bytes(to: &Recipients, data: &[u8]) -> Result<Vec<u8>> {
 pub fn encrypt_file(to: &Recipients, input: &Path, output: &Path) -> Result<(String, u64)> {
     let fail = |e: io::Error| Error::from(format!("encrypt {}: {e}", input.display()));
     let mut src = fs::File::open(input).map_err(fail)?;
-    let dst = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(output)
-        .map_err(fail)?;
-    let mut hashed = Hashed {
-        inner: io::BufWriter::with_capacity(1 << 20, dst),
-        hash: Sha256::new(),
-        size: 0,
-    };
+    let mut hashed = Hashed::create(output).map_err(fail)?;
     let mut w = to.encryptor()?.wrap_output(&mut hashed).map_err(fail)?;
     io::copy(&mut src, &mut w).map_err(fail)?;
     w.finish().map_err(fail)?;
-    hashed.inner.flush().map_err(fail)?;
-    Ok((format!("sha256:{:x}", hashed.hash.finalize()), hashed.size))
+    hashed.finish().map_err(fail)
 }
 
 /// Decrypts `data` (whose integrity age checks, and its digest in a manifest pins).
@@ -180,32 +169,45 @@ pub fn decrypt_bytes(keys: &Keys, data: &[u8], digest: &str) -> Result<Vec<u8>> 
     Ok(plain)
 }
 
-/// Decrypts file `input` into `output` (a new file, 0600), checked against `digest`; a
-/// failure leaves no `output`.
-pub fn decrypt_file(keys: &Keys, input: &Path, output: &Path, digest: &str) -> Result<u64> {
-    let result = (|| {
-        let fail = |e: io::Error| Error::from(format!("decrypt {digest}: {e}"));
-        let src = BufReader::with_capacity(1 << 20, fs::File::open(input).map_err(fail)?);
-        let mut plain = keys.open(src)?;
-        let dst = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(output)
-            .map_err(fail)?;
-        let mut hashed = Hashed {
-            inner: io::BufWriter::with_capacity(1 << 20, dst),
-            hash: Sha256::new(),
-            size: 0,
-        };
-        io::copy(&mut plain, &mut hashed).map_err(fail)?;
-        hashed.inner.flush().map_err(fail)?;
-        let got = format!("sha256:{:x}", hashed.hash.finalize());
-        if got != digest {
-            return Err(format!("decrypted {digest}, but it reads as {got}: refused").into());
-        }
-        Ok(hashed.size)
-    })();
+/// Decrypts the encrypted blob `fill` writes (as it arrives from a registry) into `output`
+/// (a new file, 0600) on another thread, checked against `digest`; a failure leaves no
+/// `output`. The blob's own digest is `fill`'s to check.
+pub fn decrypt_stream(
+    keys: &Keys,
+    output: &Path,
+    digest: &str,
+    fill: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<u64> {
+    let (reader, mut writer) =
+        io::pipe().map_err(|e| Error::from(format!("decrypt {digest}: a pipe: {e}")))?;
+    let (filled, decrypted) = std::thread::scope(|scope| {
+        let decrypting = scope.spawn(|| {
+            let fail = |e: io::Error| Error::from(format!("decrypt {digest}: {e}"));
+            let mut plain = keys.open(BufReader::with_capacity(1 << 20, reader))?;
+            let mut hashed = Hashed::create(output).map_err(fail)?;
+            io::copy(&mut plain, &mut hashed).map_err(fail)?;
+            let (got, size) = hashed.finish().map_err(fail)?;
+            if got != digest {
+                return Err(format!("decrypted {digest}, but it reads as {got}: refused").into());
+            }
+            Ok(size)
+        });
+        let filled = fill(&mut writer);
+        // The decryption sees the end (or a broken blob) once the writer is gone.
+        drop(writer);
+        let decrypted = decrypting.join().unwrap_or_else(|_| {
+            Err(Error::from(format!(
+                "decrypt {digest}: the thread panicked"
+            )))
+        });
+        (filled, decrypted)
+    });
+    // A decryption that failed broke the pipe under the fetch: its error says why.
+    let result = match (filled, decrypted) {
+        (_, Err(e)) => Err(e),
+        (Err(e), _) => Err(e),
+        (Ok(()), Ok(size)) => Ok(size),
+    };
     if result.is_err() {
         let _ = fs::remove_file(output);
     }
@@ -225,19 +227,23 @@ pub fn generate(out: &Path) -> Result<String> {
     Ok(recipient)
 }
 
-/// Writes a new owner-only file.
-pub fn write_secret(out: &Path, data: &[u8]) -> Result<()> {
-    let mut f = fs::OpenOptions::new()
+/// A new file only its owner may read (never an existing one).
+fn create_private(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(out)
-        .map_err(|e| {
-            Error::from(format!(
-                "{}: {e} (keys are never overwritten)",
-                out.display()
-            ))
-        })?;
+        .open(path)
+}
+
+/// Writes a new owner-only file.
+pub fn write_secret(out: &Path, data: &[u8]) -> Result<()> {
+    let mut f = create_private(out).map_err(|e| {
+        Error::from(format!(
+            "{}: {e} (keys are never overwritten)",
+            out.display()
+        ))
+    })?;
     f.write_all(data)
         .and_then(|_| f.sync_all())
         .map_err(|e| Error::from(format!("{}: {e}", out.display())))
@@ -248,6 +254,23 @@ struct Hashed<W> {
     inner: W,
     hash: Sha256,
     size: u64,
+}
+
+impl Hashed<io::BufWriter<fs::File>> {
+    /// Into a new owner-only file at `path`.
+    fn create(path: &Path) -> io::Result<Self> {
+        Ok(Hashed {
+            inner: io::BufWriter::with_capacity(1 << 20, create_private(path)?),
+            hash: Sha256::new(),
+            size: 0,
+        })
+    }
+
+    /// Flushed: the digest and size of what was written.
+    fn finish(mut self) -> io::Result<(String, u64)> {
+        self.inner.flush()?;
+        Ok((format!("sha256:{:x}", self.hash.finalize()), self.size))
+    }
 }
 
 impl<W: Write> Write for Hashed<W> {
@@ -289,13 +312,31 @@ mod tests {
         assert!(!bytes.windows(11).any(|w| w == b"marker-0123"));
         assert_eq!(fs::metadata(&sealed).unwrap().mode() & 0o777, 0o600);
         let want = format!("sha256:{:x}", Sha256::digest(&data));
+        let whole = |w: &mut dyn Write| w.write_all(&bytes).map_err(|e| Error::from(e.to_string()));
         let back = dir.path().join("back");
-        decrypt_file(&keys, &sealed, &back, &want).unwrap();
+        decrypt_stream(&keys, &back, &want, whole).unwrap();
         assert_eq!(fs::read(&back).unwrap(), data);
         // The wrong digest leaves nothing.
         let again = dir.path().join("again");
-        let e = decrypt_file(&keys, &sealed, &again, "sha256:00").unwrap_err();
+        let e = decrypt_stream(&keys, &again, "sha256:00", whole).unwrap_err();
         assert!(e.to_string().contains("refused") && !again.exists(), "{e}");
+        // Streamed in small writes, as a fetch writes it.
+        let streamed = dir.path().join("streamed");
+        decrypt_stream(&keys, &streamed, &want, |w| {
+            for piece in bytes.chunks(1000) {
+                w.write_all(piece).map_err(|e| Error::from(e.to_string()))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(fs::read(&streamed).unwrap(), data);
+        let cut = dir.path().join("cut");
+        let e = decrypt_stream(&keys, &cut, &want, |w| {
+            w.write_all(&bytes[..bytes.len() / 2])
+                .map_err(|e| Error::from(e.to_string()))
+        })
+        .unwrap_err();
+        assert!(!cut.exists(), "{e}");
         let small = encrypt_bytes(&to, b"{}").unwrap();
         let d = format!("sha256:{:x}", Sha256::digest(b"{}"));
         assert_eq!(decrypt_bytes(&keys, &small, &d).unwrap(), b"{}");

@@ -258,17 +258,15 @@ pub fn pull(
             let part = ingest.part_path(hex);
             match (sealed_of(d), &keys) {
                 (Some(e), Some(keys)) => {
-                    let enc = ingest.dir().join(format!("{hex}.age"));
-                    let got = progress.during(
+                    // Decrypted as it arrives: the encrypted bytes never reach the disk.
+                    progress.during(
                         &format!("fetching and decrypting {title} ({})", megabytes(e.size)),
                         || {
-                            s.blob_to_file(&r, &e.digest, e.size, &enc)?;
-                            let plain = crypt::decrypt_file(keys, &enc, &part, &d.digest);
-                            let _ = std::fs::remove_file(&enc);
-                            plain
+                            crypt::decrypt_stream(keys, &part, &d.digest, |w| {
+                                s.blob_to_writer(&r, &e.digest, e.size, w)
+                            })
                         },
-                    );
-                    got?;
+                    )?;
                     t.moved(e.size);
                 }
                 _ => {

@@ -2,7 +2,7 @@
 //! that block: chalkctl is a command line, and its containerd client blocks too. Every blob
 //! fetched is checked against its digest before anything uses it.
 
-use std::{path::Path, time::Duration};
+use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path, time::Duration};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -13,7 +13,6 @@ use oci_client::{
     Reference, RegistryOperation,
 };
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::{
     auth::{self, Credentials},
@@ -361,17 +360,36 @@ impl Session {
     /// hashes what it yields and fails its last read on a mismatch, so the bytes are hashed
     /// once, on the way (a second hash here cost a quarter of a 1 GB pull).
     pub fn blob_to_file(&self, r: &Reference, digest: &str, size: u64, path: &Path) -> Result<()> {
-        let at = self.at(r);
-        let fetched = self.rt.block_on(async {
-            let file = tokio::fs::OpenOptions::new()
+        let checked = (|| {
+            let file = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .open(path)
-                .await?;
-            // The network hands over small chunks; each tokio file write is a trip to a
-            // blocking thread.
-            let mut file = tokio::io::BufWriter::with_capacity(CHUNK, file);
+                .map_err(|e| Error::from(format!("{}: {e}", path.display())))?;
+            let mut file = std::io::BufWriter::with_capacity(CHUNK, file);
+            self.blob_to_writer(r, digest, size, &mut file)?;
+            file.flush()
+                .map_err(|e| Error::from(format!("{}: {e}", path.display())))
+        })();
+        if checked.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        checked
+    }
+
+    /// Blob `digest` of `size` bytes written to `out` as it arrives; fails, having written
+    /// part of it, unless it is `size` bytes that hash to `digest` (oci-client's stream
+    /// hashes what it yields and fails its last read on a mismatch).
+    pub fn blob_to_writer(
+        &self,
+        r: &Reference,
+        digest: &str,
+        size: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<()> {
+        let at = self.at(r);
+        let fetched = self.rt.block_on(async {
             let mut s = self.client.pull_blob_stream(&at, digest).await?;
             let mut got = 0u64;
             while let Some(chunk) = s.stream.next().await {
@@ -382,22 +400,17 @@ impl Session {
                         "blob {digest} is larger than the {size} bytes the manifest says"
                     ))));
                 }
-                file.write_all(&chunk).await?;
+                out.write_all(&chunk)?;
             }
-            file.flush().await?;
             Ok(got)
         });
-        let checked = match fetched {
+        match fetched {
             Ok(got) if got != size => Err(Error::from(format!(
                 "blob {digest}: the registry sent {got} bytes, the manifest says {size}"
             ))),
             Ok(_) => Ok(()),
             Err(e) => Err(self.explain(&format!("fetch blob {digest}"), &at, e)),
-        };
-        if checked.is_err() {
-            let _ = std::fs::remove_file(path);
         }
-        checked
     }
 
     /// The credentials this session uses (handed to a lazy blob's server, never logged).
