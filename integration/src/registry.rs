@@ -287,6 +287,52 @@ impl Secured {
         self.blob_file(layer["digest"].as_str()?)
     }
 
+    /// Manifest `path` (`<repo>/manifests/<ref>`) as JSON, read behind the clients' backs.
+    pub fn get_manifest(&self, path: &str) -> Result<serde_json::Value, String> {
+        let out = self
+            .curl(path)
+            .args(["-H", "Accept: application/vnd.oci.image.manifest.v1+json"])
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("GET {path}: {:?}", out.status));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{path}: {e}"))
+    }
+
+    /// Puts manifest `m` at `path` (an attacker's write, for the tests).
+    pub fn put_manifest(&self, path: &str, m: &serde_json::Value) -> Result<(), String> {
+        let file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        std::fs::write(file.path(), m.to_string()).map_err(|e| e.to_string())?;
+        let out = self
+            .curl(path)
+            .args([
+                "-X",
+                "PUT",
+                "-H",
+                "Content-Type: application/vnd.oci.image.manifest.v1+json",
+            ])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.path().display()))
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("PUT {path}: {:?}", out.status));
+        }
+        Ok(())
+    }
+
+    /// curl of `/v2/<path>` with this registry's CA and credentials.
+    fn curl(&self, path: &str) -> Command {
+        let mut cmd = Command::new("curl");
+        cmd.arg("-sf")
+            .arg("--cacert")
+            .arg(self.dir.join("ca.crt"))
+            .args(["-u", &format!("{USER}:{PASSWORD}")])
+            .arg(format!("https://{}/v2/{path}", self.addr));
+        cmd
+    }
+
     /// `command` (a chalkctl) pointed at this registry's hosts directory and credentials.
     pub fn client<'c>(&self, command: &'c mut Command) -> &'c mut Command {
         command

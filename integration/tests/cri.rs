@@ -751,17 +751,19 @@ fn remove_refused(e: &CriEnv, name: &str) -> TestResult {
 
 /// The node's `[trust]` rule names one key for the registry's `signed/`: a restore-from pod
 /// of a snapshot there unsigned, or signed by another key, fails with the policy's refusal
-/// (what the kubelet shows in the pod's events), as does an encrypted snapshot on a node with
-/// no key; signed by the named key, the pod starts from it.
+/// (what the kubelet shows in the pod's events), as do a signature changed in the registry,
+/// one moved onto another snapshot, and an encrypted snapshot on a node with no key; signed
+/// by the named key, the pod starts from it.
 fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
     let registry = e.registry.as_ref().ok_or("no registry")?;
     let keys = e.keys.as_ref().ok_or("no keys")?;
     let (source, web, _) = web_and_side(e, "trusted")?;
     let snapshot = pod_snapshot(e, &source)?;
-    // Pushed to `repo:tag`: `repo@digest`, as a pod names it.
-    let pinned = |repo: &str, extra: &[&str]| -> Result<String, Failed> {
+    let later = pod_snapshot(e, &source)?;
+    // `snap` pushed to `repo:tag`: `repo@digest`, as a pod names it.
+    let push_as = |snap: &str, repo: &str, extra: &[&str]| -> Result<String, Failed> {
         let reference = format!("{}/{repo}", registry.addr);
-        let mut args = vec!["snapshot", "push", "--snapshot-id", &snapshot, &reference];
+        let mut args = vec!["snapshot", "push", "--snapshot-id", snap, &reference];
         args.extend_from_slice(extra);
         let out = chalkctl_to_registry(e, &args);
         ensure!(out.code == 0, "push to {reference}: {out:?}");
@@ -774,6 +776,16 @@ fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
             .to_string();
         let name = repo.split(':').next().unwrap_or_default();
         Ok(format!("{}/{name}@{digest}", registry.addr))
+    };
+    let pinned = |repo: &str, extra: &[&str]| push_as(&snapshot, repo, extra);
+    // A signature's path in the registry (cosign's tag).
+    let sig = |repo: &str, pinned: &str| {
+        let hex = pinned
+            .rsplit("sha256:")
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        format!("{repo}/manifests/sha256-{hex}.sig")
     };
     let (other, trusted) = (keys.key("other.key"), keys.key("trusted.key"));
     let recipient = chalkctl_to_registry(e, &["snapshot", "keygen", "--out", &keys.key("age.key")]);
@@ -789,18 +801,44 @@ fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
             "is encrypted and this host has no key",
         ),
     ];
+    // A signature changed in the registry; one moved onto another snapshot's manifest.
+    let changed = pinned("signed/changed:v1", &["--sign", &trusted])?;
+    let mut m = registry.get_manifest(&sig("signed/changed", &changed))?;
+    let at = &mut m["layers"][0]["annotations"]["dev.cosignproject.cosign/signature"];
+    let flipped: String = at
+        .as_str()
+        .unwrap_or_default()
+        .char_indices()
+        .map(|(i, c)| match (i, c) {
+            (12, 'A') => 'B',
+            (12, _) => 'A',
+            _ => c,
+        })
+        .collect();
+    *at = flipped.into();
+    registry.put_manifest(&sig("signed/changed", &changed), &m)?;
+    let signed_first = pinned("signed/swapped:v1", &["--sign", &trusted])?;
+    let swapped = push_as(&later, "signed/swapped:v2", &[])?;
+    let moved = registry.get_manifest(&sig("signed/swapped", &signed_first))?;
+    registry.put_manifest(&sig("signed/swapped", &swapped), &moved)?;
+    let cases = cases.into_iter().chain([
+        (changed, "does not verify with any of the keys"),
+        (swapped, "the manifest was changed or swapped after signing"),
+    ]);
     let signed = pinned("signed/good:v1", &["--sign", &trusted])?;
     e.stop_and_remove(&source)?;
-    let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
-    ensure!(deleted.code == 0, "delete: {deleted:?}");
-    for (i, (value, why)) in cases.iter().enumerate() {
+    for snap in [&snapshot, &later] {
+        let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", snap]);
+        ensure!(deleted.code == 0, "delete: {deleted:?}");
+    }
+    for (i, (value, why)) in cases.enumerate() {
         let name = format!("untrusted-{i}");
         let got = e.cri.run_pod_with(
             &name,
             CRI_HANDLER,
             false,
             "default",
-            &[(RESTORE_FROM, value)],
+            &[(RESTORE_FROM, &value)],
         );
         ensure!(
             got.as_ref().is_err_and(|m| m.contains(why)),
@@ -810,7 +848,7 @@ fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
     }
     let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
     ensure!(
-        !list.stdout.contains(&snapshot),
+        !list.stdout.contains(&snapshot) && !list.stdout.contains(&later),
         "a refused pull left a record: {list:?}"
     );
 

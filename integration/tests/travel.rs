@@ -115,52 +115,16 @@ impl Hosts {
 
     /// Manifest `path` (`<repo>/manifests/<ref>`, in this run's namespace) as JSON.
     fn registry_manifest(&self, path: &str) -> Result<Value, Failed> {
-        let out = self
-            .curl(path)
-            .args(["-H", "Accept: application/vnd.oci.image.manifest.v1+json"])
-            .output()
-            .map_err(|e| format!("curl: {e}"))?;
-        ensure!(out.status.success(), "GET {path}: {:?}", out.status);
-        serde_json::from_slice(&out.stdout).map_err(|e| Failed::from(format!("{path}: {e}")))
+        let run = self.registry.addr.rsplit(':').next().unwrap_or("0");
+        Ok(self.registry.get_manifest(&format!("run-{run}/{path}"))?)
     }
 
     /// PUTs manifest `m` at `path` (behind chalkctl's back).
     fn registry_put_manifest(&self, path: &str, m: &Value) -> TestResult {
-        let body = serde_json::to_vec(m).map_err(|e| e.to_string())?;
-        let file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
-        std::fs::write(file.path(), body).map_err(|e| e.to_string())?;
-        let out = self
-            .curl(path)
-            .args([
-                "-X",
-                "PUT",
-                "-H",
-                "Content-Type: application/vnd.oci.image.manifest.v1+json",
-            ])
-            .arg("--data-binary")
-            .arg(format!("@{}", file.path().display()))
-            .output()
-            .map_err(|e| format!("curl: {e}"))?;
-        ensure!(out.status.success(), "PUT {path}: {:?}", out.status);
-        Ok(())
-    }
-
-    /// curl of `/v2/<this run's namespace>/<path>` with the registry's CA and credentials.
-    fn curl(&self, path: &str) -> std::process::Command {
         let run = self.registry.addr.rsplit(':').next().unwrap_or("0");
-        let mut cmd = std::process::Command::new("curl");
-        cmd.arg("-sf")
-            .arg("--cacert")
-            .arg(self.registry.dir.join("ca.crt"))
-            .args([
-                "-u",
-                &format!("{USER}:{}", chalk_integration::registry::PASSWORD),
-            ])
-            .arg(format!(
-                "https://{}/v2/run-{run}/{path}",
-                self.registry.addr
-            ));
-        cmd
+        Ok(self
+            .registry
+            .put_manifest(&format!("run-{run}/{path}"), m)?)
     }
 
     /// Blob `digest` as the registry stores it (Distribution's layout).
