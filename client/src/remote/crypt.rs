@@ -139,13 +139,15 @@ pub fn encrypt_bytes(to: &Recipients, data: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Encrypts file `input` for `to` into `out`, as it is read.
-pub fn encrypt_into(to: &Recipients, input: &Path, out: &mut dyn Write) -> Result<()> {
+/// Encrypts file `input` for `to` into `output` (a new file, 0600): its digest and size.
+pub fn encrypt_file(to: &Recipients, input: &Path, output: &Path) -> Result<(String, u64)> {
     let fail = |e: io::Error| Error::from(format!("encrypt {}: {e}", input.display()));
     let mut src = fs::File::open(input).map_err(fail)?;
-    let mut w = to.encryptor()?.wrap_output(out).map_err(fail)?;
+    let mut hashed = Hashed::create(output).map_err(fail)?;
+    let mut w = to.encryptor()?.wrap_output(&mut hashed).map_err(fail)?;
     io::copy(&mut src, &mut w).map_err(fail)?;
-    w.finish().map_err(fail).map(drop)
+    w.finish().map_err(fail)?;
+    hashed.finish().map_err(fail)
 }
 
 /// Decrypts `data` (whose integrity age checks, and its digest in a manifest pins).
@@ -302,15 +304,18 @@ mod tests {
         let data = b"marker-0123 in memory".repeat(10_000);
         let plain = dir.path().join("plain");
         fs::write(&plain, &data).unwrap();
-        let mut bytes = Vec::new();
-        encrypt_into(&to, &plain, &mut bytes).unwrap();
+        let sealed = dir.path().join("sealed");
+        let (digest, size) = encrypt_file(&to, &plain, &sealed).unwrap();
+        let bytes = fs::read(&sealed).unwrap();
+        assert_eq!(size, bytes.len() as u64);
+        assert_eq!(digest, format!("sha256:{:x}", Sha256::digest(&bytes)));
         assert!(!bytes.windows(11).any(|w| w == b"marker-0123"));
+        assert_eq!(fs::metadata(&sealed).unwrap().mode() & 0o777, 0o600);
         let want = format!("sha256:{:x}", Sha256::digest(&data));
         let whole = |w: &mut dyn Write| w.write_all(&bytes).map_err(|e| Error::from(e.to_string()));
         let back = dir.path().join("back");
         decrypt_stream(&keys, &back, &want, whole).unwrap();
         assert_eq!(fs::read(&back).unwrap(), data);
-        assert_eq!(fs::metadata(&back).unwrap().mode() & 0o777, 0o600);
         // The wrong digest leaves nothing.
         let again = dir.path().join("again");
         let e = decrypt_stream(&keys, &again, "sha256:00", whole).unwrap_err();

@@ -166,8 +166,9 @@ fn push_plain(
     Ok(())
 }
 
-/// Each blob encrypted for `to` while it is pushed: the encrypted snapshot's manifest.
-/// Encryption is randomized, so every push sends every blob.
+/// Each blob encrypted for `to` in a scratch directory of the store (root-only, removed
+/// after), then pushed: the encrypted snapshot's manifest. Encryption is randomized, so every
+/// push sends every blob.
 fn push_sealed(
     s: &session::Session,
     r: &Reference,
@@ -187,20 +188,32 @@ fn push_sealed(
     let inner = crypt::encrypt_bytes(to, &stored.manifest_bytes)?;
     let inner_desc = (oci::sha256_digest(&inner), inner.len() as u64);
     s.push_bytes(r, inner, &inner_desc.0)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let scratch = store
+        .begin_ingest(&format!("seal-{}-{nanos}", std::process::id()))
+        .map_err(|e| Error::from(e.to_string()))?;
     let mut layers = Vec::with_capacity(stored.oci.layers.len());
-    for d in &stored.oci.layers {
+    for (i, d) in stored.oci.layers.iter().enumerate() {
         let name = d.title().unwrap_or(&d.media_type).to_string();
         let path = store
             .blob_path(&d.digest)
             .map_err(|e| Error::from(e.to_string()))?;
-        // Encrypted as it is sent: the encrypted bytes never reach the disk.
+        let out = scratch.dir().join(format!("{i}.age"));
         let sent = progress.during(
             &format!("encrypting and pushing {name} ({})", megabytes(d.size)),
-            || s.push_written(r, |w| crypt::encrypt_into(to, &path, w)),
+            || {
+                let (digest, size) = crypt::encrypt_file(to, &path, &out)?;
+                let pushed = s.push_file(r, &out, &digest, size);
+                let _ = std::fs::remove_file(&out);
+                pushed.map(|_| (digest, size))
+            },
         )?;
         t.moved(sent.1);
         layers.push(sent);
     }
+    drop(scratch);
     sealed::seal(&stored.oci, inner_desc, &layers).map_err(Error::from)
 }
 

@@ -321,45 +321,6 @@ impl Session {
             .map_err(|e| self.explain(&format!("push blob {digest}"), &at, e))
     }
 
-    /// Pushes what `write` writes as one blob, sent while it is written (chunked uploads, the
-    /// digest computed on the way and given at the end): its digest and size. `write` runs
-    /// on a thread of its own; its error, or the upload's, fails the push.
-    pub fn push_written(
-        &self,
-        r: &Reference,
-        write: impl FnOnce(&mut dyn Write) -> Result<()> + Send,
-    ) -> Result<(String, u64)> {
-        let at = self.at(r);
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
-        std::thread::scope(|scope| {
-            let writing = scope.spawn(move || {
-                let mut w = Sender {
-                    tx,
-                    buf: Vec::with_capacity(CHUNK),
-                };
-                let done =
-                    write(&mut w).and_then(|_| w.send().map_err(|e| Error::from(e.to_string())));
-                if let Err(e) = &done {
-                    let _ =
-                        w.tx.blocking_send(Err(OciDistributionError::GenericError(Some(
-                            e.to_string(),
-                        ))));
-                }
-                done
-            });
-            let pushed = self.rt.block_on(
-                self.client
-                    .push_blob_stream_chunked(&at, tokio_stream::wrappers::ReceiverStream::new(rx)),
-            );
-            let written = writing
-                .join()
-                .unwrap_or_else(|_| Err(Error::from("the writing thread panicked")));
-            // An upload that failed ended the writer's sends: the upload's error says why.
-            let pushed = pushed.map_err(|e| self.explain("push a blob", &at, e))?;
-            written.map(|_| (pushed.blob_digest, pushed.size))
-        })
-    }
-
     /// Stores manifest `bytes` under `r` (a tag, or its digest).
     pub fn push_manifest(&self, r: &Reference, bytes: Vec<u8>, media_type: &str) -> Result<()> {
         let at = self.at(r);
@@ -665,39 +626,6 @@ fn check_digest(digest: &str, hex: &str) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-/// What [`Session::push_written`]'s writer sends: the upload's chunks.
-struct Sender {
-    tx: tokio::sync::mpsc::Sender<oci_client::errors::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl Sender {
-    fn send(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the upload ended"))
-    }
-}
-
-impl Write for Sender {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let n = data.len().min(CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == CHUNK {
-            self.send()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
