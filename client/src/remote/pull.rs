@@ -18,7 +18,7 @@ use oci_client::RegistryOperation;
 
 use chalk_runtime::snapshot::pieces::{Pieces, LAZY_FILE};
 
-use super::{auth::Credentials, crypt, hosts::Use, image, lazy, session, Access, Transfer};
+use super::{auth::Credentials, crypt, image, lazy, session, Access, Transfer};
 use crate::{
     containerd::Client,
     progress::megabytes,
@@ -47,26 +47,7 @@ pub fn pull(
     progress: &Progress,
 ) -> Result<Pulled> {
     let r = super::reference(reference)?;
-    let want = if r.digest().is_some() {
-        Use::Pull
-    } else {
-        Use::Resolve
-    };
-    // Each host in turn (mirrors first), as containerd does, until one has the manifest.
-    let mut tried = Vec::new();
-    let mut found = None;
-    for s in session::sessions(access, &r, want)? {
-        match s.manifest(&r, &[oci::MANIFEST]) {
-            Ok(m) => {
-                found = Some((s, m));
-                break;
-            }
-            Err(e) => tried.push(e.to_string()),
-        }
-    }
-    let Some((s, (bytes, pinned))) = found else {
-        return Err(Error::from(tried.join("; then ")));
-    };
+    let (s, bytes, pinned) = session::find_manifest(access, &r)?;
     let opts = client.options()?;
     if let Some(verdict) = super::trust::enforce(&opts.trust, &s, &r, reference, &pinned)? {
         progress.step(&format!("{}: {verdict}", crate::progress::short(&pinned)));
@@ -76,8 +57,9 @@ pub fn pull(
             "{reference} is not a chalk snapshot ({why}): nothing was fetched"
         ))
     };
+    let fetched = ImageManifest::parse(&bytes).map_err(not_ours)?;
     // An encrypted snapshot's first layer is its own manifest: its digest is the id.
-    let sealed = Sealed::of(&ImageManifest::parse(&bytes).map_err(not_ours)?).map_err(not_ours)?;
+    let sealed = Sealed::of(&fetched).map_err(not_ours)?;
     let (keys, bytes, id) = match &sealed {
         None => (None, bytes, pinned),
         Some(sealed) => {
@@ -110,7 +92,10 @@ pub fn pull(
             });
         }
     }
-    let oci_manifest = ImageManifest::parse(&bytes).map_err(not_ours)?;
+    let oci_manifest = match &sealed {
+        None => fetched,
+        Some(_) => ImageManifest::parse(&bytes).map_err(not_ours)?,
+    };
     // Refuses any other artifact type.
     let layout = oci_manifest.layout().map_err(not_ours)?;
     // Each plain layer's encrypted blob, for an encrypted snapshot.

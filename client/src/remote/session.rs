@@ -68,6 +68,24 @@ pub fn sessions_as(
         .collect()
 }
 
+/// The first endpoint `r` may use that has its manifest (mirrors first, as containerd tries
+/// them): that session, the manifest as stored and its digest.
+pub fn find_manifest(access: &Access, r: &Reference) -> Result<(Session, Bytes, String)> {
+    let want = if r.digest().is_some() {
+        Use::Pull
+    } else {
+        Use::Resolve
+    };
+    let mut tried = Vec::new();
+    for s in sessions(access, r, want)? {
+        match s.manifest(r, &[chalk_runtime::snapshot::oci::MANIFEST]) {
+            Ok((bytes, digest)) => return Ok((s, bytes, digest)),
+            Err(e) => tried.push(e.to_string()),
+        }
+    }
+    Err(Error::from(tried.join("; then ")))
+}
+
 impl Session {
     fn open(
         access: &Access,

@@ -174,14 +174,8 @@ pub fn enforce(
 /// The session that has manifest `reference`, and its digest.
 fn resolve(access: &super::Access, reference: &str) -> Result<(Session, Reference, String)> {
     let r = super::reference(reference)?;
-    let mut tried = Vec::new();
-    for s in super::session::sessions(access, &r, super::hosts::Use::Resolve)? {
-        match s.manifest(&r, &[oci::MANIFEST]) {
-            Ok((_, digest)) => return Ok((s, r, digest)),
-            Err(e) => tried.push(e.to_string()),
-        }
-    }
-    Err(Error::from(tried.join("; then ")))
+    let (s, _, digest) = super::session::find_manifest(access, &r)?;
+    Ok((s, r, digest))
 }
 
 /// `chalkctl snapshot sign`: signs the manifest `reference` names with the key at `key`;
