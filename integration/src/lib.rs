@@ -11,6 +11,7 @@ pub mod k8s;
 pub mod procs;
 pub mod registry;
 pub mod reliability;
+pub mod sealing;
 pub mod stop;
 pub mod testkit;
 pub mod tmux;

@@ -14,6 +14,7 @@ use chalk_integration::{
     crictl::{Crictl, PodCgroup, PodConfig},
     ensure, procs,
     registry::Secured,
+    sealing,
     testkit::{self, Env, Failed, TestResult},
     Containerd,
 };
@@ -40,22 +41,10 @@ impl SigningKeys {
     /// Makes them, and the runtime options that trust the first for `scope`.
     fn make(scope: &str) -> Result<(SigningKeys, String), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let chalkctl =
-            chalk_integration::containerd::chalkctl_binary().map_err(|e| e.to_string())?;
         for name in ["trusted.key", "other.key"] {
-            let out = std::process::Command::new(&chalkctl)
-                .args(["snapshot", "keygen", "--signing", "--out"])
-                .arg(dir.path().join(name))
-                .output()
-                .map_err(|e| e.to_string())?;
-            if !out.status.success() {
-                return Err(format!("keygen: {}", String::from_utf8_lossy(&out.stderr)));
-            }
+            sealing::keygen(&dir.path().join(name), true)?;
         }
-        let options = format!(
-            "[trust]\n[[trust.rules]]\nscope = \"{scope}\"\nkeys = [\"{}\"]\n",
-            dir.path().join("trusted.key.pub").display()
-        );
+        let options = sealing::options(None, scope, &dir.path().join("trusted.key.pub"));
         Ok((SigningKeys { dir }, options))
     }
 
@@ -804,18 +793,7 @@ fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
     // A signature changed in the registry; one moved onto another snapshot's manifest.
     let changed = pinned("signed/changed:v1", &["--sign", &trusted])?;
     let mut m = registry.get_manifest(&sig("signed/changed", &changed))?;
-    let at = &mut m["layers"][0]["annotations"]["dev.cosignproject.cosign/signature"];
-    let flipped: String = at
-        .as_str()
-        .unwrap_or_default()
-        .char_indices()
-        .map(|(i, c)| match (i, c) {
-            (12, 'A') => 'B',
-            (12, _) => 'A',
-            _ => c,
-        })
-        .collect();
-    *at = flipped.into();
+    sealing::tamper_signature(&mut m);
     registry.put_manifest(&sig("signed/changed", &changed), &m)?;
     let signed_first = pinned("signed/swapped:v1", &["--sign", &trusted])?;
     let swapped = push_as(&later, "signed/swapped:v2", &[])?;

@@ -679,9 +679,7 @@ fn start() -> Result<Hosts, String> {
     a.import_busybox().map_err(|e| e.to_string())?;
     let b = Containerd::start().map_err(|e| format!("host B: {e}"))?;
     let run = registry.addr.rsplit(':').next().unwrap_or("0");
-    let chalkctl = b.chalkctl_command().map_err(|e| e.to_string())?;
     let keys = trust::set_up(
-        chalkctl.get_program(),
         &b.dir().join("keys"),
         &b.options_path(),
         &format!("{}/run-{run}/trust", registry.addr),

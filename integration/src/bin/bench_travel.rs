@@ -34,7 +34,7 @@ use chalk_integration::{
     containerd::program,
     procs::first_line,
     registry::{Secured, PASSWORD, USER},
-    Containerd,
+    sealing, Containerd,
 };
 use serde_json::Value;
 
@@ -155,33 +155,16 @@ struct Sealing {
 impl Sealing {
     fn set_up(reg: &Secured, hosts: &[&Containerd]) -> Result<Sealing, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let chalkctl =
-            chalk_integration::containerd::chalkctl_binary().map_err(|e| e.to_string())?;
-        let keygen = |args: &[&str]| -> Result<String, String> {
-            let out = Command::new(&chalkctl)
-                .args(["snapshot", "keygen"])
-                .args(args)
-                .output()
-                .map_err(|e| e.to_string())?;
-            if !out.status.success() {
-                return Err(format!("keygen: {}", String::from_utf8_lossy(&out.stderr)));
-            }
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        };
         let identities = dir.path().join("hosts.age");
         let key = dir.path().join("signer.key");
-        let recipient = keygen(&["--out", &identities.display().to_string()])?;
-        keygen(&["--signing", "--out", &key.display().to_string()])?;
+        let recipient = sealing::keygen(&identities, false)?;
+        let public = PathBuf::from(sealing::keygen(&key, true)?);
+        let scope = format!("{}/sealed", reg.addr);
         for c in hosts {
-            let mut text = std::fs::read_to_string(c.options_path()).map_err(|e| e.to_string())?;
-            text.push_str(&format!(
-                "\n[encryption]\nidentities = \"{}\"\n[trust]\n[[trust.rules]]\n\
-                 scope = \"{}/sealed\"\nkeys = [\"{}.pub\"]\n",
-                identities.display(),
-                reg.addr,
-                key.display()
-            ));
-            std::fs::write(c.options_path(), text).map_err(|e| e.to_string())?;
+            sealing::add_options(
+                &c.options_path(),
+                &sealing::options(Some(&identities), &scope, &public),
+            )?;
         }
         Ok(Sealing {
             recipient,

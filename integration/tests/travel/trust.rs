@@ -5,7 +5,7 @@
 use std::{path::Path, process::Command};
 
 use chalk_integration::{
-    ensure,
+    ensure, sealing,
     testkit::{self, Failed, TestResult, COUNTER},
 };
 use serde_json::Value;
@@ -31,40 +31,17 @@ impl Keys {
 
 /// Makes the keys with chalkctl and gives host B (its runtime options at `options`) an
 /// `[encryption]` key and a `[trust]` rule over `scope`.
-pub fn set_up(
-    chalkctl: &std::ffi::OsStr,
-    dir: &Path,
-    options: &Path,
-    scope: &str,
-) -> Result<Keys, String> {
+pub fn set_up(dir: &Path, options: &Path, scope: &str) -> Result<Keys, String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let keygen = |args: &[&str]| -> Result<String, String> {
-        let out = Command::new(chalkctl)
-            .args(["snapshot", "keygen"])
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "keygen {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
     let b = dir.join("b.age");
-    let recipient = keygen(&["--out", &b.display().to_string()])?;
+    let recipient = sealing::keygen(&b, false)?;
     for name in ["trusted.key", "other.key"] {
-        keygen(&["--signing", "--out", &dir.join(name).display().to_string()])?;
+        sealing::keygen(&dir.join(name), true)?;
     }
-    let mut text = std::fs::read_to_string(options).map_err(|e| e.to_string())?;
-    text.push_str(&format!(
-        "\n[encryption]\nidentities = \"{}\"\n[trust]\n[[trust.rules]]\nscope = \"{scope}\"\n\
-         keys = [\"{}\"]\n",
-        b.display(),
-        dir.join("trusted.key.pub").display()
-    ));
-    std::fs::write(options, text).map_err(|e| e.to_string())?;
+    sealing::add_options(
+        options,
+        &sealing::options(Some(&b), scope, &dir.join("trusted.key.pub")),
+    )?;
     Ok(Keys {
         dir: dir.to_path_buf(),
         recipient,
@@ -241,25 +218,7 @@ pub fn a_trust_policy_lets_in_only_what_its_key_signed(h: &Hosts) -> TestResult 
             )
         };
         let mut sig = h.registry_manifest(&sig_path("trust/changed", &s1))?;
-        let text = sig["layers"][0]["annotations"]["dev.cosignproject.cosign/signature"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let flipped: String = text
-            .char_indices()
-            .map(|(i, c)| {
-                if i == 12 {
-                    if c == 'A' {
-                        'B'
-                    } else {
-                        'A'
-                    }
-                } else {
-                    c
-                }
-            })
-            .collect();
-        sig["layers"][0]["annotations"]["dev.cosignproject.cosign/signature"] = flipped.into();
+        sealing::tamper_signature(&mut sig);
         h.registry_put_manifest(&sig_path("trust/changed", &s1), &sig)?;
         let moved = h.registry_manifest(&sig_path("trust/swap", &s1))?;
         h.registry_put_manifest(&sig_path("trust/swap", &s2), &moved)?;
@@ -328,11 +287,12 @@ pub fn a_trust_policy_lets_in_only_what_its_key_signed(h: &Hosts) -> TestResult 
             Ok(said)
         };
         let pub_key = format!("{trusted}.pub");
-        let good_pinned = format!(
-            "{}@{}",
-            h.reference("trust/good"),
-            good.rsplit('@').next().unwrap_or_default()
-        );
+        // `repo@digest` of what chalkctl pushed (`repo:tag@digest`), as cosign takes it.
+        let pinned = |repo: &str, pushed: &str| {
+            let digest = pushed.rsplit('@').next().unwrap_or_default();
+            format!("{}@{digest}", h.reference(repo))
+        };
+        let good_pinned = pinned("trust/good", &good);
         cosign(&[
             "verify",
             "--key",
@@ -350,11 +310,7 @@ pub fn a_trust_policy_lets_in_only_what_its_key_signed(h: &Hosts) -> TestResult 
             ])?;
         }
         let cosigned = push(&s2, "trust/cosigned:v1", None)?;
-        let cosigned_pinned = format!(
-            "{}@{}",
-            h.reference("trust/cosigned"),
-            cosigned.rsplit('@').next().unwrap_or_default()
-        );
+        let cosigned_pinned = pinned("trust/cosigned", &cosigned);
         cosign(&[
             "sign",
             "--key",
