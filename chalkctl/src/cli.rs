@@ -83,6 +83,14 @@ pub enum Command {
         name: NameArg,
         #[command(flatten)]
         lifetime: LifetimeArgs,
+        /// The CNI network (a configuration list's name in the runtime options' conf_dir):
+        /// `chalk`, a bridge with NAT written on first use, by default where this host can
+        /// give it; `none` for loopback only.
+        #[arg(long, value_name = "NAME")]
+        net: Option<String>,
+        /// Publish a port: [HOST_IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp] (repeatable).
+        #[arg(long = "publish", short = 'p', value_name = "PORT")]
+        publish: Vec<String>,
         /// The command, replacing the image's (after --).
         #[arg(last = true)]
         cmd: Vec<String>,
@@ -197,6 +205,10 @@ pub enum Command {
         force: bool,
         #[command(flatten)]
         lifetime: LifetimeArgs,
+        /// Publish a port from the fork (its source's are not inherited):
+        /// [HOST_IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp] (repeatable; one fork only).
+        #[arg(long = "publish", short = 'p', value_name = "PORT")]
+        publish: Vec<String>,
     },
     /// The fork tree: every sandbox under the one it was forked from, with its status (the
     /// tree below --id only, when given).

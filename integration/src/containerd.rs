@@ -838,9 +838,31 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
     // Snapshots of this containerd in a store of its own: a store's gc answers to one
     // containerd's records.
     format!(
-        "{head}{out}\n[snapshot]\nstore = \"{}\"\n{restore}",
+        "{head}{out}\n{}\n[snapshot]\nstore = \"{}\"\n{restore}",
+        network_options(d),
         snapshot_store(d).display()
     )
+}
+
+/// Where a test host's sandboxes find their CNI networks: a configuration directory of its
+/// own (`chalk`, the default network, is written there on first use; a test may write
+/// another network there first), and the plugins scripts/peers builds (`CHALK_CNI_BIN`).
+/// Without them, chalkctl's default network is not there and sandboxes get loopback only.
+fn network_options(d: &Path) -> String {
+    let bin = std::env::var_os("CHALK_CNI_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| d.join("cni").join("no-plugins"));
+    format!(
+        "[network]\nconf_dir = \"{}\"\nbin_dirs = [\"{}\"]\n",
+        network_conf_dir(d).display(),
+        bin.display()
+    )
+}
+
+/// A test host's CNI configuration directory (see [`network_options`]).
+pub fn network_conf_dir(d: &Path) -> PathBuf {
+    d.join("cni").join("chalk-net.d")
 }
 
 fn config(d: &Path, setup: &Setup) -> String {

@@ -208,6 +208,15 @@ impl Env {
         if self.bundle(id).exists() {
             found.push(format!("bundle {}", self.bundle(id).display()));
         }
+        let netns =
+            chalk_runtime::netns::netns_path(&self.c.dir().join("runsc"), &self.c.namespace, id);
+        if netns.exists() {
+            found.push(format!("network namespace {}", netns.display()));
+        }
+        found.extend(crate::network::leftovers(&crate::network::cni_id(
+            &self.c.namespace,
+            id,
+        )));
         // ctr's cgroup for a task is /<namespace>/<id>, in each v1 controller or in v2's tree.
         for under in ["memory/", "pids/", "cpu/", ""] {
             let cgroup = format!("/sys/fs/cgroup/{under}{}/{id}", self.c.namespace);

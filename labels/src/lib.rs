@@ -43,12 +43,32 @@ pub const RESUME_FROM: &str = "chalk.io/resume-from";
 /// instead (the pod was snapshotted: nothing may run after it). Written by the node agent
 /// around a suspend; read by the shim.
 pub const HOLD_STOP: &str = "chalk.io/hold-stop";
+/// The CNI network a sandbox is attached to (`none`, or absent: loopback only). Written by
+/// chalkctl (`run --net`, and kept by `fork` and `resume`) and chalk-web; read by the shim,
+/// which attaches the sandbox's own network namespace to it at Create and detaches it when
+/// the sandbox ends.
+pub const NETWORK_ANNOTATION: &str = "chalk.io/network";
+/// Published ports, comma-separated `[HOST_IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp]`. Written by
+/// chalkctl (`-p`; a fork's are dropped unless given again); read by the shim, which hands
+/// them to the network's portmap plugin.
+pub const PORTS_ANNOTATION: &str = "chalk.io/ports";
+/// `"true"` when [`NETWORK_ANNOTATION`] is chalkctl's default rather than asked for: where
+/// this host cannot give the sandbox that network (its runsc, or no CNI plugins), the shim
+/// runs it with loopback only and says why in [`NO_NETWORK_LABEL`]. Written by chalkctl;
+/// read by the shim.
+pub const NETWORK_DEFAULT_ANNOTATION: &str = "chalk.io/network-default";
 
 // Container labels.
 
 /// When a sandbox's lifetime ends (RFC 3339, UTC). Written by the shim when the sandbox
 /// starts; read by chalkctl (`ls`, `get`) and chalk-web.
 pub const EXPIRES_AT_LABEL: &str = "chalk.io/expires-at";
+/// A sandbox's addresses on its network, comma-separated. Written by the shim once the
+/// network is attached; read by chalkctl (`get`, `ls`) and chalk-web.
+pub const ADDRESS_LABEL: &str = "chalk.io/address";
+/// Why a sandbox has loopback only although chalkctl's default network was asked for.
+/// Written by the shim; read by chalkctl (`run`, `get`).
+pub const NO_NETWORK_LABEL: &str = "chalk.io/no-network-because";
 /// A sandbox's name, unique in its namespace. Written by chalkctl (`run --name`, `fork
 /// --name`); read by chalkctl to resolve names and by chalk-web.
 pub const NAME_LABEL: &str = "chalk.io/name";
@@ -137,7 +157,12 @@ pub const ALL: &[&str] = &[
     RESTORE_FROM,
     RESUME_FROM,
     HOLD_STOP,
+    NETWORK_ANNOTATION,
+    PORTS_ANNOTATION,
+    NETWORK_DEFAULT_ANNOTATION,
     EXPIRES_AT_LABEL,
+    ADDRESS_LABEL,
+    NO_NETWORK_LABEL,
     NAME_LABEL,
     FORKED_FROM,
     PARENT_SANDBOX,

@@ -32,6 +32,9 @@ pub struct Record {
     /// `shim delete` when the shim died before it could remove it itself.
     #[serde(default)]
     pub unpacked: Option<PathBuf>,
+    /// The CNI network the sandbox's namespace is attached to, until it is detached.
+    #[serde(default)]
+    pub network: Option<crate::network::Attachment>,
 }
 
 impl Record {
@@ -168,7 +171,8 @@ pub fn adapt_process(process: &mut Value, terminal: bool) {
 }
 
 /// Removes what the shim made for a container besides its root filesystem mount: the
-/// sandbox's runsc root once empty, the network namespace and the record.
+/// sandbox's runsc root once empty, the network namespace and the record. A network
+/// attached to the namespace must be detached first (DEL needs the namespace).
 pub fn remove_made(bundle: &Path, netns: Option<&Path>) {
     // The sandbox's runsc root goes with its last container (a pod's others keep it).
     if let Ok(Some(record)) = Record::read(bundle) {
@@ -250,6 +254,7 @@ mod tests {
             rootfs_mounted: true,
             netns: Some("/run/chalk/.netns/default-c1".into()),
             unpacked: None,
+            network: None,
         };
         r.write(dir.path()).unwrap();
         assert_eq!(Record::read(dir.path()).unwrap(), Some(r));

@@ -11,6 +11,7 @@
 //! - [`caps`]: capabilities narrowed for non-root processes as execve would.
 //! - [`executable`]: finds a container's executable before its sandbox is made.
 //! - [`lifetime`]: a sandbox's lifetime and what happens when it ends (annotations).
+//! - [`network`]: CNI networks for sandboxes that ask for one.
 //! - [`ids`]: validation of container and exec ids before they reach a path or argv.
 
 #[cfg(test)]
@@ -24,6 +25,7 @@ pub mod hostcheck;
 pub mod ids;
 pub mod lifetime;
 pub mod netns;
+pub mod network;
 pub mod options;
 pub mod pod_restore;
 pub mod runsc;

@@ -117,6 +117,59 @@ unsafe fn loopback_up() -> io::Result<()> {
     result
 }
 
+/// Gives interface `ifname` of the namespace at `path` the IPv4 address `addr`/`prefix`
+/// (the interface's primary one).
+pub fn set_ipv4_address(
+    path: &Path,
+    ifname: &str,
+    addr: std::net::Ipv4Addr,
+    prefix: u8,
+) -> io::Result<()> {
+    if ifname.len() >= libc::IFNAMSIZ || prefix > 32 {
+        return Err(io::Error::other(format!(
+            "bad interface {ifname} or prefix {prefix}"
+        )));
+    }
+    let ns = std::fs::File::open(path)?;
+    let ifname = ifname.to_string();
+    std::thread::spawn(move || -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on this throwaway thread, then ioctls on a socket it owns, with
+        // requests it zeroed and filled.
+        unsafe {
+            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            if sock < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let set = |request: libc::c_ulong, value: std::net::Ipv4Addr| -> io::Result<()> {
+                let mut req: libc::ifreq = std::mem::zeroed();
+                for (dst, src) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
+                    *dst = src as libc::c_char;
+                }
+                let sin =
+                    &mut req.ifr_ifru.ifru_addr as *mut libc::sockaddr as *mut libc::sockaddr_in;
+                (*sin).sin_family = libc::AF_INET as libc::sa_family_t;
+                (*sin).sin_addr.s_addr = u32::from(value).to_be();
+                if libc::ioctl(sock, request, &req) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            let mask =
+                std::net::Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0));
+            let result =
+                set(libc::SIOCSIFADDR, addr).and_then(|()| set(libc::SIOCSIFNETMASK, mask));
+            libc::close(sock);
+            result
+        }
+    })
+    .join()
+    .map_err(|_| io::Error::other("network namespace thread panicked"))?
+}
+
 /// Unmounts and removes a namespace made by [`create`]; missing is fine.
 pub fn remove(path: &Path) {
     if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {

@@ -26,6 +26,10 @@
 //! pull_secs = 300                  # how long that pull may take
 //! [encryption]                     # see chalk_runtime::trust
 //! identities = "/etc/chalk/snapshot.key" # age identities that open encrypted snapshots (0600)
+//! [network]                        # CNI networks sandboxes ask for (chalk.io/network)
+//! conf_dir = "/etc/cni/net.d"      # configuration lists, found by network name
+//! bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"] # the plugins
+//! default_subnet = "10.77.0.0/16"  # the `chalk` network's, when it is written on first use
 //! [trust]                          # which keys must have signed a snapshot before it is pulled
 //! default = "allow"
 //! [[trust.rules]]
@@ -92,6 +96,9 @@ pub struct RuntimeOptions {
     /// Which signatures a snapshot needs before it is pulled: none by default.
     #[serde(default)]
     pub trust: crate::trust::TrustOptions,
+    /// Where the CNI networks that sandboxes ask for (`chalk.io/network`) are configured.
+    #[serde(default)]
+    pub network: crate::network::NetworkOptions,
 }
 
 /// `[snapshot]`: how checkpoints are taken.
@@ -153,6 +160,7 @@ impl Default for RuntimeOptions {
             restore_from: Default::default(),
             encryption: Default::default(),
             trust: Default::default(),
+            network: Default::default(),
         }
     }
 }

@@ -216,6 +216,8 @@ pub struct Container {
     pub features: Features,
     pub rootfs_mounted: bool,
     pub netns: Option<PathBuf>,
+    /// Its attachment to a CNI network, until detached (see `sandbox/network.rs`).
+    pub network: Mutex<Option<chalk_runtime::network::Attachment>>,
     /// A verified checkpoint to restore at Start instead of starting afresh.
     pub restore_from: Option<RestoreFrom>,
     /// A pod sandbox being restored: how many of its pod's containers are still to be.

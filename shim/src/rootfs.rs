@@ -82,6 +82,12 @@ fn workdir_of(options: &[String]) -> Option<PathBuf> {
 /// Removes what the shim made for a container: the rootfs mount, then the rest
 /// ([`chalk_runtime::bundle::remove_made`]).
 pub fn cleanup(bundle: &Path, rootfs_mounted: bool, netns: Option<&Path>) {
+    // A network the record still names was never detached (a failed create, a crash).
+    if let Ok(Some(record)) = chalk_runtime::bundle::Record::read(bundle) {
+        if let Some(att) = &record.network {
+            chalk_runtime::network::detach(att, &crate::reaper::ReaperSpawner);
+        }
+    }
     if rootfs_mounted {
         unmount(bundle);
     }

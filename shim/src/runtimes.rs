@@ -26,7 +26,8 @@ use crate::{
 /// Makes the runtime of a container.
 pub trait RuntimeFactory: Send + Sync {
     /// The runtime of container `id` (in sandbox `sandbox_id`) of containerd namespace
-    /// `namespace`, with bundle `bundle`, under `opts`; and what it can do.
+    /// `namespace`, with bundle `bundle`, under `opts`; and what it can do. `network`: the
+    /// sandbox asks for a CNI network of its own (runsc's netstack must then have it).
     fn runtime_for(
         &self,
         opts: &RuntimeOptions,
@@ -34,6 +35,7 @@ pub trait RuntimeFactory: Send + Sync {
         bundle: &Path,
         id: &str,
         sandbox_id: &str,
+        network: bool,
     ) -> Result<(Arc<dyn SandboxRuntime>, Features)>;
 }
 
@@ -51,8 +53,9 @@ impl RuntimeFactory for RunscRuntimes {
         bundle: &Path,
         id: &str,
         sandbox_id: &str,
+        network: bool,
     ) -> Result<(Arc<dyn SandboxRuntime>, Features)> {
-        let (runsc, features) = runsc_for(opts, namespace, bundle, id, sandbox_id)?;
+        let (runsc, features) = runsc_for(opts, namespace, bundle, id, sandbox_id, network)?;
         Ok((Arc::new(runsc), features))
     }
 }
@@ -63,6 +66,7 @@ fn runsc_for(
     bundle: &Path,
     id: &str,
     sandbox_id: &str,
+    network: bool,
 ) -> Result<(Runsc, Features)> {
     // `%ID%` in a flag (e.g. debug-log) names the container, whatever the runsc release.
     let flags = opts
@@ -111,27 +115,35 @@ fn runsc_for(
         .check_flags(&runsc.global().flags)
         .map_err(ShimError::InvalidArgument)?;
     // No network chosen: runsc's default (a network of the sandbox's own) where this
-    // runsc can have it on this host, else loopback only. Tried once per binary while the
-    // cache lasts (under the options' root: /run/chalk is a tmpfs, so once per boot).
-    if !opts.runsc_config.contains_key("network") {
-        if features.network_probe.is_none() {
-            let work = opts.root.join(format!(".probe-{}", std::process::id()));
-            features.network_probe = probe::network(&runsc, &work)?;
-            if features.network_probe.is_some() {
-                disk.put(&binary, &features);
-            }
-            if features.network_probe == Some(NetworkProbe::NoneOnly) {
-                log::warn!(
-                    "{} cannot give sandboxes a network of their own on this host: they get \
-                     loopback only (network = \"none\"); set network under [runsc_config] \
-                     in the runtime options to choose",
-                    binary.display()
-                );
-            }
+    // runsc can have it on this host, else loopback only.
+    if !opts.runsc_config.contains_key("network") || network {
+        probe_network(&runsc, opts, &disk, &mut features)?;
+    }
+    if network {
+        // A CNI network lives in the namespace: only runsc's netstack (`sandbox`) takes it.
+        if opts.runsc_config.get("network").and_then(|v| v.as_str()) == Some("host") {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id} asks for a network of its own ({}), but the runtime options \
+                 set network = \"host\" under [runsc_config]: run it with --net none, or \
+                 change that option",
+                chalk_labels::NETWORK_ANNOTATION
+            )));
         }
         if features.network_probe == Some(NetworkProbe::NoneOnly) {
-            runsc.add_flag("--network=none");
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id} asks for a network of its own ({}), but runsc {} cannot give \
+                 a sandbox one on this host (it takes any network namespace for the host's \
+                 and refuses to start): run it with --net none, or install a runsc from 2024 \
+                 on",
+                chalk_labels::NETWORK_ANNOTATION,
+                binary.display()
+            )));
         }
+        runsc.set_flag("network", "sandbox");
+    } else if !opts.runsc_config.contains_key("network")
+        && features.network_probe == Some(NetworkProbe::NoneOnly)
+    {
+        runsc.add_flag("--network=none");
     }
     if let Some(flag) = opts.added_overlay_flag(&features) {
         runsc.add_flag(flag);
@@ -165,4 +177,34 @@ pub fn network_hint(e: ShimError) -> ShimError {
         }
         _ => e,
     }
+}
+
+/// Finds out once (per binary while the cache lasts: under the options' root, and /run/chalk
+/// is a tmpfs, so once per boot) whether this runsc can give a sandbox a network of its own
+/// here; with no network chosen in the options, runsc's default stands where it can, else
+/// loopback only.
+fn probe_network(
+    runsc: &Runsc,
+    opts: &RuntimeOptions,
+    disk: &FeatureCache,
+    features: &mut Features,
+) -> Result<()> {
+    if features.network_probe.is_some() {
+        return Ok(());
+    }
+    let binary = runsc.binary().to_path_buf();
+    let work = opts.root.join(format!(".probe-{}", std::process::id()));
+    features.network_probe = probe::network(runsc, &work)?;
+    if features.network_probe.is_some() {
+        disk.put(&binary, features);
+    }
+    if features.network_probe == Some(NetworkProbe::NoneOnly) {
+        log::warn!(
+            "{} cannot give sandboxes a network of their own on this host: they get \
+             loopback only (network = \"none\"); set network under [runsc_config] \
+             in the runtime options to choose",
+            binary.display()
+        );
+    }
+    Ok(())
 }

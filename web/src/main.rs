@@ -53,6 +53,10 @@ struct Args {
     /// How long a sandbox may run (from each start) or stay suspended: it is then removed.
     #[arg(long, default_value = "30m", value_parser = chalk_runtime::lifetime::parse_duration)]
     lifetime: Duration,
+    /// The CNI network the sandboxes are on (as `chalkctl run --net`); none, loopback only,
+    /// by default: a public demo's visitors must not reach the network from its sandboxes.
+    #[arg(long, default_value = "none")]
+    net: String,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +72,10 @@ fn main() -> ExitCode {
 
 fn serve(args: Args) -> Result<(), String> {
     limits::check_listen(&args.listen, args.token.as_deref())?;
+    if args.net != chalk_runtime::network::NO_NETWORK {
+        chalk_runtime::network::request::check_name(&args.net)
+            .map_err(|e| format!("--net: {e}"))?;
+    }
     if args.max_sandboxes == 0 || args.max_per_client == 0 {
         return Err("--max-sandboxes and --max-per-client must be at least 1".into());
     }
@@ -78,6 +86,7 @@ fn serve(args: Args) -> Result<(), String> {
         image: args.image,
         snapshotter: args.snapshotter,
         state_dir: args.state_dir,
+        network: args.net,
         limits: Limits {
             total: args.max_sandboxes,
             per_client: args.max_per_client,

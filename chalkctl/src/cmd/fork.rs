@@ -17,8 +17,17 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             force,
             lifetime,
             name,
+            publish,
         } => {
+            if !publish.is_empty() && *count > 1 {
+                return Err(format!(
+                    "-p publishes a host port, which only one of the {count} forks could \
+                     have: fork one at a time to publish"
+                )
+                .into());
+            }
             let opts = fork::ForkOptions {
+                ports: publish.clone(),
                 lifetime: lifetime.lifetime.clone(),
                 on_timeout: lifetime.on_timeout.clone(),
                 force: *force,

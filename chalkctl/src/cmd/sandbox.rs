@@ -20,6 +20,8 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
             cpus,
             name,
             lifetime,
+            net,
+            publish,
             cmd,
         } => {
             chalk_runtime::ids::container_id(id).map_err(|e| Error::from(e.to_string()))?;
@@ -51,6 +53,8 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                 lifetime: lifetime.lifetime.clone(),
                 on_timeout: lifetime.on_timeout.clone(),
                 labels,
+                network: net.clone(),
+                ports: publish.clone(),
             };
             let keep = keeping(cli)?;
             keeper::sweep(&client, &keep);
@@ -62,11 +66,24 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
                     run::run(&mut client, image, id, snapshotter, cmd, &opts, io)
                 })
             })?;
+            let labels = client.container(id).map(|c| c.labels).unwrap_or_default();
+            let address = labels.get(chalk_labels::ADDRESS_LABEL).cloned();
+            let no_network = labels.get(chalk_labels::NO_NETWORK_LABEL).cloned();
             if table {
-                println!("{id} running (pid {pid}) in {}", progress.elapsed());
+                let at = address
+                    .as_ref()
+                    .map(|a| format!(" at {a}"))
+                    .unwrap_or_default();
+                println!("{id} running (pid {pid}){at} in {}", progress.elapsed());
+                if let Some(why) = &no_network {
+                    eprintln!("chalkctl: {id} has loopback only: {why}");
+                }
             }
-            Ok(json!({"id": id, "status": "running", "pid": pid,
-                      "elapsed_ms": progress.elapsed_ms()}))
+            Ok(
+                json!({"id": id, "status": "running", "pid": pid, "address": address,
+                      "no_network_because": no_network,
+                      "elapsed_ms": progress.elapsed_ms()}),
+            )
         }
         Command::Rm { id, force, grace } => {
             let keep = keeping(cli)?;

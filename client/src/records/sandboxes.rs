@@ -104,12 +104,28 @@ fn describe(
         "ended_because": c.labels.get(chalk_labels::ENDED_BECAUSE),
         "snapshots": mine,
     });
+    let spec = spec_of(c);
+    let annotation = |k: &str| chalk_runtime::spec::annotation(&spec, k).map(str::to_string);
+    let live = matches!(status.as_str(), "running" | "paused" | "created");
+    v["network"] = match c.labels.get(chalk_labels::NO_NETWORK_LABEL) {
+        Some(_) => chalk_runtime::network::NO_NETWORK.into(),
+        None => annotation(chalk_labels::NETWORK_ANNOTATION)
+            .unwrap_or_else(|| chalk_runtime::network::NO_NETWORK.into())
+            .into(),
+    };
+    // Its address and ports are its sandbox's: they went with it.
+    if live {
+        v["address"] = c.labels.get(chalk_labels::ADDRESS_LABEL).cloned().into();
+        v["ports"] = annotation(chalk_labels::PORTS_ANNOTATION).into();
+    }
+    if let Some(why) = c.labels.get(chalk_labels::NO_NETWORK_LABEL) {
+        v["no_network_because"] = why.clone().into();
+    }
     // A lifetime counts from each start; only a running sandbox has time left.
-    if let Ok(Some(l)) = Lifetime::of_spec(&spec_of(c)) {
+    if let Ok(Some(l)) = Lifetime::of_spec(&spec) {
         v["lifetime"] = lifetime::format_duration(l.duration).into();
         v["on_timeout"] = l.on_timeout.as_str().into();
-        let running = matches!(status.as_str(), "running" | "paused" | "created");
-        if let Some(at) = c.labels.get(EXPIRES_AT_LABEL).filter(|_| running) {
+        if let Some(at) = c.labels.get(EXPIRES_AT_LABEL).filter(|_| live) {
             v["expires_at"] = at.clone().into();
             if let Some(end) = rfc3339_secs(at) {
                 v["time_left"] = format!("{}s", end.saturating_sub(now_secs())).into();

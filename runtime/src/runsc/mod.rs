@@ -176,6 +176,13 @@ impl Runsc {
         self.global.flags.push(flag.to_string());
     }
 
+    /// Sets global flag `--name=value`, replacing any value it had.
+    pub fn set_flag(&mut self, name: &str, value: &str) {
+        let prefix = format!("--{name}=");
+        self.global.flags.retain(|f| !f.starts_with(&prefix));
+        self.global.flags.push(format!("{prefix}{value}"));
+    }
+
     /// The value of global flag `--name=value`, if set.
     pub fn flag_value(&self, name: &str) -> Option<&str> {
         self.global.flag_value(name)

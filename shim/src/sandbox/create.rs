@@ -9,11 +9,12 @@ use std::{
     time::Instant,
 };
 
+use chalk_labels::{NETWORK_DEFAULT_ANNOTATION, NO_NETWORK_LABEL};
 use chalk_runtime::{
     bundle::{self, Record},
     executable, ids,
     lifetime::Lifetime,
-    netns,
+    netns, network,
     options::RuntimeOptions,
     spec::Placement,
 };
@@ -132,13 +133,38 @@ impl Sandboxes {
         let gpu = crate::gpu::of(&spec, &opts.gpu, &opts.runsc_flags().unwrap_or_default());
         let lifetime = lifetime_of(id, &spec).map_err(invalid)?;
         let sandbox_id = chalk_runtime::spec::sandbox_id_of(Some(&spec), id);
-        let (runtime, features) = self.inner.runtimes.runtime_for(
-            &opts,
-            self.namespace(),
-            &bundle_dir,
-            id,
-            &sandbox_id,
-        )?;
+        let mut net_request = super::network::request_of(&spec, placement.in_pod())?;
+        // chalkctl's default network, where this host can give it; else loopback only.
+        let optional =
+            chalk_runtime::spec::annotation(&spec, NETWORK_DEFAULT_ANNOTATION) == Some("true");
+        let mut no_network_because = None;
+        if let Some(request) = net_request.as_ref().filter(|_| optional) {
+            if let Some(why) = network::missing_plugin(&opts.network, &request.network) {
+                no_network_because = Some(why);
+                net_request = None;
+            }
+        }
+        let runtime_for = |network: bool| {
+            self.inner.runtimes.runtime_for(
+                &opts,
+                self.namespace(),
+                &bundle_dir,
+                id,
+                &sandbox_id,
+                network,
+            )
+        };
+        let (runtime, features) = match runtime_for(net_request.is_some()) {
+            Err(ShimError::FailedPrecondition(why)) if optional && net_request.is_some() => {
+                no_network_because = Some(why);
+                net_request = None;
+                runtime_for(false)?
+            }
+            made => made?,
+        };
+        if let Some(why) = &no_network_because {
+            log::warn!("container {id}: loopback only, not the default network: {why}");
+        }
 
         // A pod container lives in its sandbox's network, whatever its spec says.
         let network = runtime.global().flag_value("network");
@@ -147,15 +173,16 @@ impl Sandboxes {
         let mut adapted = bundle::adapted_spec(&spec, netns.as_deref(), stdio.terminal);
         bundle::create_private_dir(&runtime.global().root)?;
         // Written before anything is made, so `shim delete` can undo any of it after a crash.
-        Record {
+        let mut record = Record {
             binary: runtime.binary().to_path_buf(),
             root: runtime.global().root.clone(),
             flags: runtime.global().flags.clone(),
             rootfs_mounted: !rootfs.is_empty(),
             netns: netns.clone(),
             unpacked: unpacked.as_ref().map(|u| u.path().to_path_buf()),
-        }
-        .write(&bundle_dir)?;
+            network: None,
+        };
+        record.write(&bundle_dir)?;
         let mut undo = Undo {
             bundle: &bundle_dir,
             rootfs_mounted: false,
@@ -185,6 +212,17 @@ impl Sandboxes {
             })?;
             undo.netns = netns.clone();
         }
+        let attachment = match (&net_request, &netns) {
+            (Some(request), Some(_)) => Some(self.attach_network(
+                id,
+                request,
+                &opts,
+                &bundle_dir,
+                &mut record,
+                &mut adapted,
+            )?),
+            _ => None,
+        };
         crate::private_mounts::make_private(&mut adapted, &bundle_dir)
             .map_err(|e| invalid(e.to_string()))?;
         bundle::write_spec(&bundle_dir, &spec, &adapted)?;
@@ -206,6 +244,7 @@ impl Sandboxes {
             features,
             rootfs_mounted: undo.rootfs_mounted,
             netns,
+            network: Mutex::new(attachment),
             restore_from,
             restored: Default::default(),
             hooks,
@@ -245,6 +284,11 @@ impl Sandboxes {
             }
         };
         undo.armed = false;
+        if let Some(why) = &no_network_because {
+            if let Err(e) = self.records().set_label(id, NO_NETWORK_LABEL, why) {
+                log::warn!("container {id}: cannot label why it has no network: {e}");
+            }
+        }
         let container = Arc::new(container);
         self.inner
             .containers

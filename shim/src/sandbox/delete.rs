@@ -88,6 +88,7 @@ impl Sandboxes {
             }
         }
         let cleaning = std::time::Instant::now();
+        super::network::release(&c);
         rootfs::cleanup(&c.bundle, c.rootfs_mounted, c.netns.as_deref());
         log::debug!("container {id}: cleaned up in {:?}", cleaning.elapsed());
         let _ = std::fs::remove_file(c.init_pid_path());

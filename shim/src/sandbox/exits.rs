@@ -104,6 +104,17 @@ impl Sandboxes {
         ev.exited_at = Some(timestamp(info.at)).into();
         self.events().publish(topics::TASK_EXIT_EVENT_TOPIC, ev);
         p.exit.set(info);
+        if p.exec_id.is_empty() {
+            // Its sandbox is gone: so are its address and published ports (off this
+            // thread, which holds the container's state).
+            let this = self.clone();
+            let id = id.to_string();
+            std::thread::spawn(move || {
+                if let Ok(c) = this.container(&id) {
+                    super::network::release(&c);
+                }
+            });
+        }
     }
 
     /// Ends the long work on `c`'s init: an exit that came meanwhile is reported now (after

@@ -14,6 +14,7 @@ mod exec;
 mod exits;
 mod hold;
 mod launch;
+mod network;
 mod pod;
 mod pod_restore;
 mod restore;

@@ -26,6 +26,8 @@ pub struct Config {
     pub image: String,
     pub snapshotter: String,
     pub state_dir: PathBuf,
+    /// The sandboxes' network (`none`: loopback only).
+    pub network: String,
     pub limits: Limits,
     pub token: Option<String>,
 }

@@ -340,6 +340,7 @@ impl RuntimeFactory for FakeRuntimes {
         _: &Path,
         _: &str,
         _: &str,
+        _: bool,
     ) -> Result<(Arc<dyn SandboxRuntime>, Features)> {
         Ok((self.0.clone(), features()))
     }

@@ -1,0 +1,176 @@
+//! A sandbox's CNI network (`chalk.io/network`): its namespace attached at Create, before
+//! runsc makes or restores the sandbox in it, and detached once, when its init exits or it
+//! is deleted, whichever comes first (an attachment the shim never got to detach is in the
+//! bundle's record for `shim delete`).
+
+use std::path::Path;
+
+use chalk_runtime::{
+    bundle::Record,
+    netns,
+    network::{self, files, Attachment, Request},
+    options::RuntimeOptions,
+};
+use serde_json::{json, Value};
+
+use super::Sandboxes;
+use crate::container::Container;
+use crate::errors::{Result, ShimError};
+
+/// The network `spec` asks for: only a sandbox of its own may ask (a pod's network is its
+/// CRI's), and only for the namespace the shim makes.
+pub(super) fn request_of(spec: &Value, in_pod: bool) -> Result<Option<Request>> {
+    if in_pod
+        || chalk_runtime::spec::annotation(spec, chalk_runtime::spec::CRI_CONTAINER_TYPE).is_some()
+    {
+        return Ok(None);
+    }
+    let Some(request) = Request::of_spec(spec).map_err(ShimError::InvalidArgument)? else {
+        return Ok(None);
+    };
+    let ns = spec
+        .pointer("/linux/namespaces")
+        .and_then(Value::as_array)
+        .and_then(|nss| nss.iter().find(|ns| ns["type"] == "network"));
+    match ns {
+        None => Err(ShimError::InvalidArgument(format!(
+            "{} asks for network {:?}, but the spec has no network namespace of its own: add \
+             one (linux.namespaces, type network, no path)",
+            network::request::NETWORK_ANNOTATION,
+            request.network
+        ))),
+        Some(ns) if ns["path"].as_str().is_some_and(|p| !p.is_empty()) => {
+            Err(ShimError::InvalidArgument(format!(
+                "{} asks for network {:?}, but the spec joins network namespace {}: leave \
+                 the path out for the shim to make one, or drop the annotation",
+                network::request::NETWORK_ANNOTATION,
+                request.network,
+                ns["path"]
+            )))
+        }
+        Some(_) => Ok(Some(request)),
+    }
+}
+
+impl Sandboxes {
+    /// Attaches the namespace `record` names for container `id` to the network `request`
+    /// names. The attachment is in the record before ADD runs (a crash leaves DEL to `shim
+    /// delete`); the sandbox's resolv.conf and hosts files are mounted into `adapted`.
+    pub(super) fn attach_network(
+        &self,
+        id: &str,
+        request: &Request,
+        opts: &RuntimeOptions,
+        bundle_dir: &Path,
+        record: &mut Record,
+        adapted: &mut Value,
+    ) -> Result<Attachment> {
+        let failed = |e: String| ShimError::FailedPrecondition(format!("container {id}: {e}"));
+        let netns = record
+            .netns
+            .clone()
+            .ok_or_else(|| failed("no network namespace to attach".into()))?;
+        let started = std::time::Instant::now();
+        let list = network::conflist::find_or_write_default(
+            &opts.network.conf_dir,
+            &request.network,
+            &opts.network.default_subnet,
+        )
+        .map_err(failed)?;
+        let mut att = Attachment::new(
+            &list,
+            network::cni_container_id(self.namespace(), id),
+            &netns,
+            request.ports.clone(),
+            opts.network.bin_dirs.clone(),
+        );
+        if !request.ports.is_empty() && !network::publishes_ports(&list) {
+            return Err(failed(format!(
+                "network {:?} ({}) cannot publish ports: none of its plugins takes \
+                 portMappings (add CNI's portmap plugin to it, or leave -p out)",
+                request.network,
+                list.file.display()
+            )));
+        }
+        record.network = Some(att.clone());
+        record.write(bundle_dir)?;
+        att.add(&crate::reaper::ReaperSpawner).map_err(failed)?;
+        record.network = Some(att.clone());
+        record.write(bundle_dir)?;
+        let addresses = att.addresses();
+        log::info!(
+            "container {id}: network {:?} attached in {} ms: {}",
+            att.network,
+            started.elapsed().as_millis(),
+            addresses.join(", ")
+        );
+        mount_network_files(bundle_dir, adapted, &addresses)?;
+        if let Err(e) =
+            self.records()
+                .set_label(id, chalk_labels::ADDRESS_LABEL, &addresses.join(","))
+        {
+            log::warn!("container {id}: cannot label its address: {e}");
+        }
+        Ok(att)
+    }
+}
+
+/// Writes the sandbox's resolv.conf and hosts into its bundle and mounts them, unless the
+/// spec mounts its own.
+fn mount_network_files(bundle_dir: &Path, adapted: &mut Value, addresses: &[String]) -> Result<()> {
+    let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let hostname = adapted["hostname"].as_str().unwrap_or_default().to_string();
+    let made = [
+        (
+            "/etc/resolv.conf",
+            "chalk-resolv.conf",
+            files::resolv_conf(&host_resolv),
+        ),
+        (
+            "/etc/hosts",
+            "chalk-hosts",
+            files::hosts(&hostname, addresses),
+        ),
+    ];
+    for (dest, name, text) in made {
+        let mounts = &mut adapted["mounts"];
+        if !mounts.is_array() {
+            *mounts = json!([]);
+        }
+        let list = mounts.as_array_mut().expect("made an array above");
+        if list.iter().any(|m| m["destination"] == dest) {
+            continue;
+        }
+        let file = bundle_dir.join(name);
+        std::fs::write(&file, text)
+            .map_err(|e| ShimError::failed(format!("write {}", file.display()), e))?;
+        list.push(json!({"destination": dest, "type": "bind",
+                         "source": file.display().to_string(),
+                         "options": ["rbind", "rprivate"]}));
+    }
+    Ok(())
+}
+
+/// Detaches the sandbox from its network and removes its namespace, once: at the first of
+/// its init's exit and its delete.
+pub(super) fn release(c: &Container) {
+    // Held throughout: a delete meanwhile waits here, not on a half-detached network.
+    let mut held = c.network.lock().unwrap();
+    let Some(att) = held.take() else {
+        return;
+    };
+    network::detach(&att, &crate::reaper::ReaperSpawner);
+    if let Some(path) = &c.netns {
+        netns::remove(path);
+    }
+    match Record::read(&c.bundle) {
+        Ok(Some(mut record)) => {
+            record.network = None;
+            if let Err(e) = record.write(&c.bundle) {
+                log::warn!("container {}: {e}", c.id);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("container {}: {e}", c.id),
+    }
+}
