@@ -23,6 +23,8 @@ use serde_json::Value;
 
 #[path = "travel/lazy.rs"]
 mod lazy;
+#[path = "travel/network.rs"]
+mod network;
 #[path = "travel/trust.rs"]
 mod trust;
 
@@ -30,6 +32,7 @@ use lazy::{
     a_lazy_resume_and_fork_on_another_host_carry_on,
     a_tampered_piece_ends_a_lazy_restore_with_the_reason, fault_registry_gone_mid_lazy_restore,
 };
+use network::B_NETWORK;
 
 struct Hosts {
     a: Env,
@@ -678,6 +681,8 @@ fn start() -> Result<Hosts, String> {
     let a = Containerd::start().map_err(|e| format!("host A: {e}"))?;
     a.import_busybox().map_err(|e| e.to_string())?;
     let b = Containerd::start().map_err(|e| format!("host B: {e}"))?;
+    // B's default network is its own: another bridge and subnet than A's.
+    network::write_network(&b, B_NETWORK)?;
     let run = registry.addr.rsplit(':').next().unwrap_or("0");
     let keys = trust::set_up(
         &b.dir().join("keys"),
@@ -717,6 +722,13 @@ fn main() {
         trust::a_trust_policy_lets_in_only_what_its_key_signed,
     ];
     all.extend(cases![a_lazy_resume_and_fork_on_another_host_carry_on]);
+    // Debian's runsc cannot give a sandbox a network of its own (tests/network.rs).
+    let networks = testkit::current_runsc() && std::env::var_os("CHALK_CNI_BIN").is_some();
+    all.extend(
+        cases![network::a_resume_on_another_host_gets_an_address_there]
+            .into_iter()
+            .map(|c| c.ignored_if(!networks)),
+    );
     // Debian's runsc cannot restore while pages.img arrives: its pulls fetch all.
     all.extend(
         cases![

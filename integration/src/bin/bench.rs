@@ -4,7 +4,7 @@
 //!
 //!   chalk-bench [--quick] [--out DIR] [--sizes MB,..] [--only GROUP,..]
 //!
-//! `--sizes` and `--only` (lifecycle, snapshots, memory, many, shim, hashing) narrow a run
+//! `--sizes` and `--only` (lifecycle, snapshots, memory, many, shim, hashing, network) narrow a run
 //! while a change is measured; the committed results come from full runs.
 //!
 //! `--quick` is the smoke mode CI runs: one or two runs of everything, small memory. Nothing
@@ -50,13 +50,14 @@ struct Opts {
     only: Vec<String>,
 }
 
-const GROUPS: [&str; 7] = [
+const GROUPS: [&str; 8] = [
     "lifecycle",
     "snapshots",
     "memory",
     "many",
     "shim",
     "hashing",
+    "network",
     "trace",
 ];
 
@@ -193,11 +194,18 @@ fn run(o: &Opts) -> Result<(), String> {
     if o.only.iter().any(|g| g == "trace") {
         trace(&chalk)?;
     }
-    let hashing = if o.runs("hashing") {
+    let mut hashing = if o.runs("hashing") {
         vec![hashing(o, c.dir())?]
     } else {
         Vec::new()
     };
+    if o.runs("network") {
+        say("networks");
+        hashing.push(chalk_integration::bench::network::measure(
+            o.snap_reps,
+            &chalk,
+        )?);
+    }
 
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
     let plot = plot(&o.out, &points, &alone.features.version);
