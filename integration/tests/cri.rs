@@ -1,6 +1,7 @@
 //! Pods through Kubernetes' runtime interface: containerd's CRI plugin with the `chalk` handler
 //! that packaging/install.sh registers, driven over CRI gRPC as the kubelet drives it. Real
-//! containerd, real runsc, nothing faked; host-network pods, so no CNI is needed.
+//! containerd, real runsc, nothing faked; host-network pods, but for a second node whose pods
+//! get CNI networks (cri/network.rs).
 
 use std::{
     ops::Deref,
@@ -20,6 +21,9 @@ use chalk_integration::{
 };
 use chalk_runtime::pod_restore::RESTORE_FROM;
 
+#[path = "cri/network.rs"]
+mod network;
+
 /// The shared environment with containerd's CRI plugin as a client.
 struct CriEnv {
     env: Env,
@@ -30,6 +34,9 @@ struct CriEnv {
     crictl: Option<Crictl>,
     /// The signing keys of the node's `[trust]` rule over the registry's `signed/`.
     keys: Option<SigningKeys>,
+    /// A second node whose pods get CNI networks of their own (current runsc, with the CNI
+    /// plugins of `CHALK_CNI_BIN`).
+    net: Option<Box<CriEnv>>,
 }
 
 /// Two signing keys; the node's policy names the first.
@@ -1024,6 +1031,8 @@ fn main() {
     let crictl = Crictl::from_env(&c.socket());
     // Debian's runsc (2022) cannot snapshot a running pod (see above), so nor fork one.
     let old_runsc = !testkit::current_runsc();
+    let net = network::node(old_runsc).map(Box::new);
+    let no_net = net.is_none();
     let all = cases![
         pod_runs_its_containers_in_one_sandbox,
         a_failing_container_leaves_its_pod_running,
@@ -1058,6 +1067,11 @@ fn main() {
         .into_iter()
         .map(|c| c.ignored_if(old_runsc || registry.is_none())),
     )
+    .chain(
+        cases![network::a_restored_pod_has_its_new_pods_address]
+            .into_iter()
+            .map(|c| c.ignored_if(no_net)),
+    )
     .collect();
     testkit::run(
         CriEnv {
@@ -1066,6 +1080,7 @@ fn main() {
             registry,
             crictl,
             keys,
+            net,
         },
         all,
         |_| Ok(()),
