@@ -500,7 +500,7 @@ fn one(
     let pod = is_pod.then_some((p.source.as_str(), id));
     chalk_runtime::spec::fork_spec(&mut spec, &p.source, id, pod);
     set_lifetime(&mut spec, &p.lifetime);
-    set_ports(&mut spec, &p.lifetime.ports)?;
+    crate::ops::network::set_fork_ports(&mut spec, &p.lifetime.ports)?;
     // Pinned by digest: the restore checks this digest, whatever the tag says now.
     let image = format!("{}@{}", p.image, p.base.digest);
     let mut container = fork_container(p, id, image, &p.base.digest, &spec, snapshot)?;
@@ -585,29 +585,6 @@ fn member(
     let container = fork_container(p, id, image, &target.digest, &spec, snapshot)?;
     client.create_container(container.clone())?;
     client.start_task(&container, None).map(drop)
-}
-
-/// A fork is on its source's network (a fresh namespace and address: the shim attaches it)
-/// but publishes only the ports asked for it: the source's are the source's.
-fn set_ports(spec: &mut Value, ports: &[String]) -> Result<()> {
-    use chalk_labels::{NETWORK_ANNOTATION, NETWORK_DEFAULT_ANNOTATION, PORTS_ANNOTATION};
-    if let Some(a) = spec["annotations"].as_object_mut() {
-        a.remove(PORTS_ANNOTATION);
-    }
-    if ports.is_empty() {
-        return Ok(());
-    }
-    let network = chalk_runtime::spec::annotation(spec, NETWORK_ANNOTATION).map(str::to_string);
-    let default = chalk_runtime::spec::annotation(spec, NETWORK_DEFAULT_ANNOTATION) == Some("true");
-    let network = network.unwrap_or_else(|| chalk_runtime::network::NO_NETWORK.into());
-    if network == chalk_runtime::network::NO_NETWORK {
-        return Err(
-            "-p publishes a port, but the source has no network (--net none), and a \
-                    fork never has more than its source: leave -p out"
-                .into(),
-        );
-    }
-    crate::ops::run::set_network(spec, (!default).then_some(network.as_str()), ports)
 }
 
 /// Replaces the lifetime annotations a fork inherits with the ones asked for.

@@ -7,6 +7,7 @@ pub mod expire;
 pub mod fork;
 pub mod fork_running;
 pub mod logs;
+pub mod network;
 pub mod remove;
 pub mod resume;
 pub mod run;

@@ -219,44 +219,7 @@ pub fn apply(spec: &mut Value, opts: &RunOptions) -> Result<()> {
         spec["linux"]["resources"]["cpu"] =
             json!({"quota": (c * PERIOD as f64).round() as i64, "period": PERIOD});
     }
-    set_network(spec, opts.network.as_deref(), &opts.ports)
-}
-
-/// Sets the network annotations the shim reads: `network` (the default one when None, which
-/// the shim may leave out where this host cannot give it) and the published `ports`.
-pub fn set_network(spec: &mut Value, network: Option<&str>, ports: &[String]) -> Result<()> {
-    use chalk_labels::{NETWORK_ANNOTATION, NETWORK_DEFAULT_ANNOTATION, PORTS_ANNOTATION};
-    use chalk_runtime::network::{request, DEFAULT_NETWORK, NO_NETWORK};
-    let name = network.unwrap_or(DEFAULT_NETWORK);
-    if name != NO_NETWORK {
-        request::check_name(name).map_err(|e| Error::from(format!("--net: {e}")))?;
-    }
-    let mut mappings = Vec::new();
-    for p in ports {
-        mappings.extend(request::parse_ports(p).map_err(|e| Error::from(format!("-p: {e}")))?);
-    }
-    let joined = request::format_ports(&mappings);
-    // Checked whole: the same host port twice across -p flags.
-    request::parse_ports(&joined).map_err(|e| Error::from(format!("-p: {e}")))?;
-    if name == NO_NETWORK && !mappings.is_empty() {
-        return Err(
-            "-p publishes a port, but --net none gives the sandbox no network: leave \
-                    --net none out, or -p"
-                .into(),
-        );
-    }
-    if !spec["annotations"].is_object() {
-        spec["annotations"] = json!({});
-    }
-    let a = &mut spec["annotations"];
-    a[NETWORK_ANNOTATION] = name.into();
-    if network.is_none() {
-        a[NETWORK_DEFAULT_ANNOTATION] = "true".into();
-    }
-    if !mappings.is_empty() {
-        a[PORTS_ANNOTATION] = joined.into();
-    }
-    Ok(())
+    crate::ops::network::set_network(spec, opts.network.as_deref(), &opts.ports)
 }
 
 /// Runs `cmd` (or the image's command) from `image` as sandbox `id` with `opts`, its stdio on

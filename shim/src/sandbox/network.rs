@@ -174,3 +174,44 @@ pub(super) fn release(c: &Container) {
         Err(e) => log::warn!("container {}: {e}", c.id),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(netns: Value, annotations: Value) -> Value {
+        json!({"linux": {"namespaces": netns}, "annotations": annotations})
+    }
+
+    #[test]
+    fn only_a_sandbox_of_its_own_with_a_namespace_to_make_asks() {
+        let asks = json!({"chalk.io/network": "chalk", "chalk.io/ports": "8080:80"});
+        let own = spec(json!([{"type": "network"}]), asks.clone());
+        let r = request_of(&own, false).unwrap().unwrap();
+        assert_eq!((r.network.as_str(), r.ports.len()), ("chalk", 1));
+        // A pod's container, or a CRI sandbox: the pod's network is its CRI's.
+        assert!(request_of(&own, true).unwrap().is_none());
+        let mut cri = own.clone();
+        cri["annotations"]["io.kubernetes.cri.container-type"] = "sandbox".into();
+        assert!(request_of(&cri, false).unwrap().is_none());
+        let none = spec(
+            json!([{"type": "network"}]),
+            json!({"chalk.io/network": "none"}),
+        );
+        assert!(request_of(&none, false).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_input_a_network_without_a_namespace_to_make_is_refused() {
+        let asks = json!({"chalk.io/network": "chalk"});
+        let joined = spec(
+            json!([{"type": "network", "path": "/proc/1/ns/net"}]),
+            asks.clone(),
+        );
+        let e = request_of(&joined, false).unwrap_err().to_string();
+        assert!(e.contains("joins network namespace"), "{e}");
+        let host = spec(json!([{"type": "pid"}]), asks);
+        let e = request_of(&host, false).unwrap_err().to_string();
+        assert!(e.contains("no network namespace of its own"), "{e}");
+    }
+}

@@ -57,7 +57,7 @@ impl App {
         spec["process"]["cwd"] = "/root".into();
         spec["linux"]["resources"] = json!({"memory": {"limit": self.cfg.limits.memory}});
         spec["linux"]["cgroupsPath"] = format!("/chalk-web/{id}").into();
-        run::set_network(&mut spec, Some(&self.cfg.network), &[])?;
+        chalk_client::ops::network::set_network(&mut spec, Some(&self.cfg.network), &[])?;
         Ok(spec)
     }
 
