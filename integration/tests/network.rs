@@ -51,6 +51,7 @@ fn main() {
         a_sandbox_reaches_a_server_and_publishes_a_port,
         forks::three_forks_get_three_addresses,
         forks::a_forks_open_connection_is_reset_not_duplicated,
+        forks::a_sandbox_without_a_network_forks_into_none,
         rm_and_exit_leave_no_network_behind,
         bad_input_networks_and_ports_are_refused_by_name,
     ]

@@ -169,3 +169,27 @@ pub fn a_forks_open_connection_is_reset_not_duplicated(net: &Net) -> TestResult 
     })();
     e.conclude(result, &[src, fork], &[])
 }
+
+/// A sandbox with loopback only forks into loopback only, and its fork may not publish.
+pub fn a_sandbox_without_a_network_forks_into_none(net: &Net) -> TestResult {
+    let e = &net.e;
+    let (src, fork) = ("net-none", "net-none-f");
+    e.remove(src);
+    e.remove(fork);
+    let result = (|| {
+        run(e, src, &["--net", "none"], &["sleep", "100000"])?;
+        let refused = e.chalkctl(&["fork", "--id", src, "--fork-id", fork, "-p", "18090:80"]);
+        ensure!(
+            refused.code != 0 && refused.stderr.contains("no network"),
+            "a fork publishing from a sandbox without a network: {refused:?}"
+        );
+        e.remove(fork);
+        e.chalkctl_json(&["fork", "--id", src, "--fork-id", fork])?;
+        let v = get(e, fork)?;
+        ensure!(v["network"] == "none" && v["address"].is_null(), "{v}");
+        let inside = exec(e, fork, "ip -4 addr")?;
+        ensure!(!inside.contains("eth0"), "loopback only: {inside}");
+        Ok(())
+    })();
+    e.conclude(result, &[src, fork], &[])
+}
