@@ -147,6 +147,20 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
     }
 }
 
+/// GET `path` from `addr` until it answers, for up to `limit` (a server in a sandbox that
+/// just started or was restored takes a moment to be reachable).
+pub fn http_get_within(addr: SocketAddr, path: &str, limit: Duration) -> Result<String, String> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match http_get(addr, path) {
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// CNI's container id for sandbox `id` of containerd namespace `namespace` (as the shim
 /// names it).
 pub fn cni_id(namespace: &str, id: &str) -> String {

@@ -97,6 +97,20 @@ pub fn exec(e: &Env, id: &str, script: &str) -> Result<String, Failed> {
     Ok(out.stdout)
 }
 
+/// Sandbox `id` fetches the test server's file.
+pub fn fetches_from_server(e: &Env, id: &str) -> TestResult {
+    let fetched = exec(
+        e,
+        id,
+        &format!("wget -q -O - http://{SERVER_IP}:8000/file.txt"),
+    )?;
+    ensure!(
+        fetched.trim() == "served-from-the-test-netns",
+        "{id}: {fetched:?}"
+    );
+    Ok(())
+}
+
 /// An HTTP server in the sandbox on port 8080, serving a page that names `who`.
 pub fn httpd(who: &str) -> String {
     format!(
@@ -165,15 +179,7 @@ fn a_sandbox_reaches_a_server_and_publishes_a_port(net: &Net) -> TestResult {
             inside.contains(&format!("{addr}\t{id}")),
             "no hosts entry: {inside}"
         );
-        let fetched = exec(
-            e,
-            id,
-            &format!("wget -q -O - http://{SERVER_IP}:8000/file.txt"),
-        )?;
-        ensure!(
-            fetched.trim() == "served-from-the-test-netns",
-            "{fetched:?}"
-        );
+        fetches_from_server(e, id)?;
         // Its server from the test's namespace, directly and through the published port.
         let direct = eventually(Duration::from_secs(10), || {
             get_from_server(net, &addr, 8080, "/")

@@ -2,9 +2,9 @@
 //! (its network stack took the new namespace's) and out (reachable there), while the source
 //! keeps its own.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chalk_integration::network::http_get;
+use chalk_integration::network::http_get_within;
 
 use super::*;
 
@@ -42,14 +42,7 @@ fn page(ip: &str) -> Result<String, Failed> {
     let to = format!("{ip}:8080")
         .parse()
         .map_err(|e| Failed::from(format!("{ip}: {e}")))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match http_get(to, "/") {
-            Ok(p) => return Ok(p),
-            Err(e) if Instant::now() > deadline => return Err(e.into()),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
+    Ok(http_get_within(to, "/", Duration::from_secs(10))?)
 }
 
 fn eth0(n: &CriEnv, container: &str) -> Result<String, Failed> {

@@ -40,15 +40,7 @@ pub fn three_forks_get_three_addresses(net: &Net) -> TestResult {
                     && !inside.contains(&format!("inet {src_addr}/")),
                 "{f} ({addr}) sees: {inside}"
             );
-            let fetched = exec(
-                e,
-                f,
-                &format!("wget -q -O - http://{SERVER_IP}:8000/file.txt"),
-            )?;
-            ensure!(
-                fetched.trim() == "served-from-the-test-netns",
-                "{f}: {fetched:?}"
-            );
+            fetches_from_server(e, f)?;
             let page = eventually(Duration::from_secs(10), || {
                 get_from_server(net, &addr, 8080, "/")
             })?;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use chalk_integration::network::http_get;
+use chalk_integration::network::http_get_within;
 
 use super::*;
 
@@ -78,14 +78,7 @@ pub fn a_resume_on_another_host_gets_an_address_there(h: &Hosts) -> TestResult {
         let to = format!("{on_b}:8080")
             .parse()
             .map_err(|e| Failed::from(format!("{e}")))?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let page = loop {
-            match http_get(to, "/") {
-                Ok(p) => break p,
-                Err(e) if std::time::Instant::now() > deadline => return Err(e.into()),
-                Err(_) => std::thread::sleep(Duration::from_millis(200)),
-            }
-        };
+        let page = http_get_within(to, "/", Duration::from_secs(10))?;
         ensure!(page.trim() == "served-by-tr-net", "{page:?}");
         Ok(())
     })();

@@ -93,15 +93,13 @@ impl Attachment {
             })
     }
 
-    /// Runs ADD through every plugin; on a failure, DEL undoes what was done and the error
-    /// names the plugin.
-    pub fn add(&mut self, spawner: &dyn Spawner) -> Result<(), String> {
+    /// Calls `f` with the list, the plugins' target and the runtime values: what ADD and
+    /// DEL both give each plugin.
+    fn with_target<T>(
+        &self,
+        f: impl FnOnce(&Conflist, &Target, &Value) -> Result<T, String>,
+    ) -> Result<T, String> {
         let list = self.list()?;
-        let binaries = list
-            .types()
-            .iter()
-            .map(|t| self.binary(t))
-            .collect::<Result<Vec<_>, _>>()?;
         let search = self.search_path();
         let target = Target {
             container_id: &self.container_id,
@@ -109,46 +107,55 @@ impl Attachment {
             ifname: &self.ifname,
             search: &search,
         };
-        let runtime = self.runtime_config();
-        let mut prev: Option<Value> = None;
-        for (i, binary) in binaries.iter().enumerate() {
-            let input = list.plugin_input(i, prev.as_ref(), &runtime);
-            match plugin::run(spawner, binary, Op::Add, &target, &input) {
-                Ok(result) => prev = Some(result),
-                Err(e) => {
-                    if let Err(undo) = self.del(spawner) {
-                        log::warn!("network {:?}: undoing a failed ADD: {undo}", self.network);
-                    }
-                    return Err(format!("network {:?}: {e}", self.network));
+        f(&list, &target, &self.runtime_config())
+    }
+
+    /// Runs ADD through every plugin; on a failure, DEL undoes what was done and the error
+    /// names the plugin.
+    pub fn add(&mut self, spawner: &dyn Spawner) -> Result<(), String> {
+        // Every plugin is there before any runs: nothing to undo for want of one.
+        for kind in self.list()?.types() {
+            self.binary(kind)?;
+        }
+        let added = self.with_target(|list, target, runtime| {
+            let mut prev: Option<Value> = None;
+            for (i, kind) in list.types().into_iter().enumerate() {
+                let binary = self.binary(kind)?;
+                let input = list.plugin_input(i, prev.as_ref(), runtime);
+                prev = Some(plugin::run(spawner, &binary, Op::Add, target, &input)?);
+            }
+            Ok(prev)
+        });
+        match added {
+            Ok(result) => {
+                self.result = result;
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(undo) = self.del(spawner) {
+                    log::warn!("network {:?}: undoing a failed ADD: {undo}", self.network);
                 }
+                Err(format!("network {:?}: {e}", self.network))
             }
         }
-        self.result = prev;
-        Ok(())
     }
 
     /// Runs DEL through every plugin, last first; each runs even after another failed (what
     /// it holds must go), and the failures are reported together.
     pub fn del(&self, spawner: &dyn Spawner) -> Result<(), String> {
-        let list = self.list()?;
-        let search = self.search_path();
-        let target = Target {
-            container_id: &self.container_id,
-            netns: &self.netns,
-            ifname: &self.ifname,
-            search: &search,
-        };
-        let runtime = self.runtime_config();
-        let mut failures = Vec::new();
-        for i in (0..list.plugins.len()).rev() {
-            let input = list.plugin_input(i, self.result.as_ref(), &runtime);
-            let outcome = self
-                .binary(input["type"].as_str().unwrap_or_default())
-                .and_then(|b| plugin::run(spawner, &b, Op::Del, &target, &input));
-            if let Err(e) = outcome {
-                failures.push(e);
+        let failures = self.with_target(|list, target, runtime| {
+            let mut failures = Vec::new();
+            for i in (0..list.plugins.len()).rev() {
+                let input = list.plugin_input(i, self.result.as_ref(), runtime);
+                let outcome = self
+                    .binary(input["type"].as_str().unwrap_or_default())
+                    .and_then(|b| plugin::run(spawner, &b, Op::Del, target, &input));
+                if let Err(e) = outcome {
+                    failures.push(e);
+                }
             }
-        }
+            Ok(failures)
+        })?;
         if failures.is_empty() {
             Ok(())
         } else {
@@ -202,40 +209,24 @@ mod tests {
         assert!(addresses_of(None).is_empty());
     }
 
+    /// ADD's error for a network of one plugin of type `kind`, plugins looked for in `bin`.
+    fn add_error(kind: &str, bin: &Path) -> String {
+        let text = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": kind}]});
+        let list = Conflist::parse(&text.to_string(), Path::new("n.conflist")).unwrap();
+        let mut a = Attachment::new(&list, "c".into(), Path::new("/x"), vec![], vec![bin.into()]);
+        a.add(&crate::runsc::StdSpawner).unwrap_err()
+    }
+
     #[test]
     fn bad_input_a_plugin_type_that_is_a_path_is_refused() {
-        let list = Conflist::parse(
-            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"../../bin/sh"}]}"#,
-            Path::new("n.conflist"),
-        )
-        .unwrap();
-        let mut a = Attachment::new(
-            &list,
-            "c".into(),
-            Path::new("/x"),
-            vec![],
-            vec!["/opt/cni/bin".into()],
-        );
-        let e = a.add(&crate::runsc::StdSpawner).unwrap_err();
+        let e = add_error("../../bin/sh", Path::new("/opt/cni/bin"));
         assert!(e.contains("is not a plugin name"), "{e}");
     }
 
     #[test]
     fn a_missing_plugin_is_named_with_where_it_was_looked_for() {
         let dir = tempfile::tempdir().unwrap();
-        let list = Conflist::parse(
-            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#,
-            Path::new("n.conflist"),
-        )
-        .unwrap();
-        let mut a = Attachment::new(
-            &list,
-            "c".into(),
-            Path::new("/x"),
-            vec![],
-            vec![dir.path().into()],
-        );
-        let e = a.add(&crate::runsc::StdSpawner).unwrap_err();
+        let e = add_error("bridge", dir.path());
         assert!(
             e.contains("needs CNI plugin \"bridge\"") && e.contains("containernetworking-plugins"),
             "{e}"
