@@ -170,6 +170,55 @@ pub fn set_ipv4_address(
     .map_err(|_| io::Error::other("network namespace thread panicked"))?
 }
 
+/// The IPv4 addresses (interface, address, prefix length) of the interfaces other than
+/// loopback in the namespace at `path`.
+pub fn ipv4_addresses(path: &Path) -> io::Result<Vec<(String, std::net::Ipv4Addr, u8)>> {
+    let ns = std::fs::File::open(path)?;
+    std::thread::spawn(
+        move || -> io::Result<Vec<(String, std::net::Ipv4Addr, u8)>> {
+            use std::os::fd::AsRawFd;
+            let mut found = Vec::new();
+            // SAFETY: setns on this throwaway thread; getifaddrs' list is read while it is ours
+            // and freed once.
+            unsafe {
+                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+                if libc::getifaddrs(&mut list) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let mut at = list;
+                while !at.is_null() {
+                    let a = &*at;
+                    at = a.ifa_next;
+                    if a.ifa_addr.is_null()
+                        || a.ifa_netmask.is_null()
+                        || i32::from((*a.ifa_addr).sa_family) != libc::AF_INET
+                        || a.ifa_flags & libc::IFF_LOOPBACK as u32 != 0
+                    {
+                        continue;
+                    }
+                    let addr = &*(a.ifa_addr as *const libc::sockaddr_in);
+                    let mask = &*(a.ifa_netmask as *const libc::sockaddr_in);
+                    let name = std::ffi::CStr::from_ptr(a.ifa_name)
+                        .to_string_lossy()
+                        .into_owned();
+                    found.push((
+                        name,
+                        std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+                        u32::from_be(mask.sin_addr.s_addr).count_ones() as u8,
+                    ));
+                }
+                libc::freeifaddrs(list);
+            }
+            Ok(found)
+        },
+    )
+    .join()
+    .map_err(|_| io::Error::other("network namespace thread panicked"))?
+}
+
 /// Unmounts and removes a namespace made by [`create`]; missing is fine.
 pub fn remove(path: &Path) {
     if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {

@@ -218,6 +218,9 @@ pub struct Container {
     pub netns: Option<PathBuf>,
     /// Its attachment to a CNI network, until detached (see `sandbox/network.rs`).
     pub network: Mutex<Option<chalk_runtime::network::Attachment>>,
+    /// A pod's sandbox: the addresses its CRI's network gave the namespace it joined, given
+    /// back when it exits (see `sandbox/network.rs`).
+    pub joined_addresses: Option<crate::sandbox::JoinedAddresses>,
     /// A verified checkpoint to restore at Start instead of starting afresh.
     pub restore_from: Option<RestoreFrom>,
     /// A pod sandbox being restored: how many of its pod's containers are still to be.

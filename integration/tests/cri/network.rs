@@ -97,5 +97,11 @@ pub fn a_restored_pod_has_its_new_pods_address(e: &CriEnv) -> TestResult {
     n.stop_and_remove(&pod)?;
     n.stop_and_remove(&src)?;
     n.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
+    // CRI's DEL found what its ADD made (runsc had taken the addresses off the interfaces
+    // the bridge plugin finds its NAT rules by): nothing of either pod's network is left.
+    for p in [&src, &pod] {
+        let left = chalk_integration::network::leftovers(p);
+        ensure!(left.is_empty(), "pod {p} left: {left:?}");
+    }
     Ok(())
 }

@@ -170,6 +170,8 @@ impl Sandboxes {
         let network = runtime.global().flag_value("network");
         let netns = (!placement.in_pod() && netns::needs_private_netns(&spec, network))
             .then(|| netns::netns_path(&opts.root, self.namespace(), id));
+        // Read before runsc takes them off the namespace's interfaces.
+        let joined_addresses = super::network::joined_addresses(&spec, placement.in_pod(), network);
         let mut adapted = bundle::adapted_spec(&spec, netns.as_deref(), stdio.terminal);
         bundle::create_private_dir(&runtime.global().root)?;
         // Written before anything is made, so `shim delete` can undo any of it after a crash.
@@ -245,6 +247,7 @@ impl Sandboxes {
             rootfs_mounted: undo.rootfs_mounted,
             netns,
             network: Mutex::new(attachment),
+            joined_addresses,
             restore_from,
             restored: Default::default(),
             hooks,

@@ -59,6 +59,7 @@ impl Sandboxes {
             st.init.pending_exit = Some((pid, status));
             return;
         }
+        super::network::give_back_addresses(&c);
         self.record_exit(id, &mut st.init, status);
     }
 

@@ -151,6 +151,59 @@ fn mount_network_files(bundle_dir: &Path, adapted: &mut Value, addresses: &[Stri
     Ok(())
 }
 
+/// The addresses a sandbox of its own found in the network namespace its spec names (a pod's,
+/// made by CRI through its CNI), where runsc's netstack will take them: runsc moves them off
+/// the interface, and the bridge plugin finds its NAT rules by them at CRI's DEL.
+pub(super) fn joined_addresses(
+    spec: &Value,
+    in_pod: bool,
+    runsc_network: Option<&str>,
+) -> Option<JoinedAddresses> {
+    if in_pod || matches!(runsc_network, Some("none" | "host")) {
+        return None;
+    }
+    let path = spec
+        .pointer("/linux/namespaces")?
+        .as_array()?
+        .iter()
+        .find(|ns| ns["type"] == "network")?["path"]
+        .as_str()
+        .filter(|p| !p.is_empty())?;
+    match netns::ipv4_addresses(Path::new(path)) {
+        Ok(found) if !found.is_empty() => Some(JoinedAddresses {
+            netns: path.into(),
+            addresses: found,
+        }),
+        Ok(_) => None,
+        Err(e) => {
+            log::warn!("network namespace {path}: cannot read its addresses: {e}");
+            None
+        }
+    }
+}
+
+/// See [`joined_addresses`].
+pub struct JoinedAddresses {
+    netns: std::path::PathBuf,
+    addresses: Vec<(String, std::net::Ipv4Addr, u8)>,
+}
+
+/// Gives the interfaces of the namespace a pod's sandbox joined their addresses back, once its
+/// sandbox is gone and before its exit is told (CRI's DEL follows the exit).
+pub(super) fn give_back_addresses(c: &Container) {
+    let Some(joined) = &c.joined_addresses else {
+        return;
+    };
+    if !joined.netns.exists() {
+        return;
+    }
+    for (ifname, addr, prefix) in &joined.addresses {
+        if let Err(e) = netns::set_ipv4_address(&joined.netns, ifname, *addr, *prefix) {
+            log::debug!("container {}: give {addr} back to {ifname}: {e}", c.id);
+        }
+    }
+}
+
 /// Detaches the sandbox from its network and removes its namespace, once: at the first of
 /// its init's exit and its delete.
 pub(super) fn release(c: &Container) {
