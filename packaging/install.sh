@@ -211,6 +211,10 @@ if ! $dry; then
         echo "config-created $config" >> "$record"
     fi
 fi
+# chalkctl's sandboxes get networks of their own through the CNI plugins (docs/networks.md).
+if ! [ -x /opt/cni/bin/bridge ] && ! [ -x /usr/lib/cni/bridge ]; then
+    say "note: no CNI plugins in /opt/cni/bin or /usr/lib/cni: chalkctl's sandboxes get loopback only until they are installed (Debian: apt-get install containernetworking-plugins iptables)"
+fi
 if grep -q 'disabled_plugins.*cri' "$config" 2>/dev/null; then
     say "warning: $config disables the CRI plugin; Kubernetes cannot use the runtime until it is enabled"
 fi
