@@ -131,8 +131,8 @@ fn runsc_for(
         }
         if features.network_probe == Some(NetworkProbe::NoneOnly) {
             return Err(ShimError::FailedPrecondition(format!(
-                "container {id} asks for a network of its own ({}), but runsc {} cannot give \
-                 a sandbox one on this host (it takes any network namespace for the host's \
+                "container {id} asks for a network of its own ({}), but this runsc ({}) cannot \
+                 give a sandbox one on this host (it takes any network namespace for the host's \
                  and refuses to start): run it with --net none, or install a runsc from 2024 \
                  on",
                 chalk_labels::NETWORK_ANNOTATION,

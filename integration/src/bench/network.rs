@@ -57,7 +57,7 @@ pub fn measure(reps: usize, chalk: &ViaCtr) -> Result<Plain, String> {
     let mut ratios = Vec::new();
     for (op, [none, net]) in OPS.iter().zip(samples) {
         ratios.push(format!(
-            "{op} {:.2}x (+{:.0} ms)",
+            "{op} {:.2}x ({:+.0} ms)",
             median(&net) / median(&none).max(f64::EPSILON),
             median(&net) - median(&none)
         ));

@@ -201,10 +201,7 @@ fn run(o: &Opts) -> Result<(), String> {
     };
     if o.runs("network") {
         say("networks");
-        hashing.push(chalk_integration::bench::network::measure(
-            o.snap_reps,
-            &chalk,
-        )?);
+        hashing.push(chalk_integration::bench::network::measure(o.reps, &chalk)?);
     }
 
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
