@@ -52,6 +52,7 @@ fn main() {
         forks::three_forks_get_three_addresses,
         forks::a_forks_open_connection_is_reset_not_duplicated,
         forks::a_sandbox_without_a_network_forks_into_none,
+        forks::a_resume_here_keeps_its_address_when_free,
         rm_and_exit_leave_no_network_behind,
         bad_input_networks_and_ports_are_refused_by_name,
     ]

@@ -15,6 +15,8 @@ pub trait Records: Send + Sync {
     fn image_of(&self, id: &str) -> Result<Option<ImageRef>>;
     /// Sets label `key` of container `id`, touching no other.
     fn set_label(&self, id: &str, key: &str, value: &str) -> Result<()>;
+    /// Label `key` of container `id`, if it has it.
+    fn label(&self, id: &str, key: &str) -> Result<Option<String>>;
     /// What a stored snapshot of container `id` keeps of containerd's records: the
     /// container's spec as containerd holds it, and its base image's manifest.
     fn snapshot_facts(&self, id: &str) -> Result<SnapshotFacts>;
@@ -81,6 +83,10 @@ impl Records for Containerd {
 
     fn set_label(&self, id: &str, key: &str, value: &str) -> Result<()> {
         self.ask(|c| c.set_container_label(id, key, Some(value)))
+    }
+
+    fn label(&self, id: &str, key: &str) -> Result<Option<String>> {
+        self.ask(|c| Ok(c.container(id)?.labels.get(key).cloned()))
     }
 
     fn snapshot_facts(&self, id: &str) -> Result<SnapshotFacts> {

@@ -185,3 +185,26 @@ pub fn a_sandbox_without_a_network_forks_into_none(net: &Net) -> TestResult {
     })();
     e.conclude(result, &[src, fork], &[])
 }
+
+/// A sandbox suspended and resumed on its host takes its own address again (it is free).
+pub fn a_resume_here_keeps_its_address_when_free(net: &Net) -> TestResult {
+    let e = &net.e;
+    let id = "net-back";
+    e.remove(id);
+    let result = (|| {
+        run(e, id, &[], &["sh", "-c", &httpd("back")])?;
+        let before = address(e, id)?;
+        e.chalkctl_json(&["suspend", "--id", id])?;
+        e.chalkctl_json(&["resume", "--id", id])?;
+        let after = address(e, id)?;
+        ensure!(after == before, "resumed at {after}, was at {before}");
+        let inside = exec(e, id, "ip -4 addr show eth0")?;
+        ensure!(inside.contains(&format!("inet {after}/")), "{inside}");
+        let page = eventually(Duration::from_secs(10), || {
+            get_from_server(net, &after, 8080, "/")
+        })?;
+        ensure!(page.trim() == "served-by-back", "{page:?}");
+        Ok(())
+    })();
+    e.conclude(result, &[id], &[])
+}

@@ -29,6 +29,9 @@ pub struct Attachment {
     pub netns: PathBuf,
     pub ifname: String,
     pub ports: Vec<PortMapping>,
+    /// Addresses asked of the IPAM (CNI's `ips` capability): the sandbox's own from before.
+    #[serde(default)]
+    pub ips: Vec<String>,
     pub bin_dirs: Vec<PathBuf>,
     /// The last plugin's result, once ADD succeeded.
     #[serde(default)]
@@ -52,6 +55,7 @@ impl Attachment {
             netns: netns.to_path_buf(),
             ifname: IFNAME.into(),
             ports,
+            ips: Vec::new(),
             bin_dirs,
             result: None,
         }
@@ -62,7 +66,7 @@ impl Attachment {
     }
 
     fn runtime_config(&self) -> Value {
-        json!({ "portMappings": self.ports })
+        json!({ "portMappings": self.ports, "ips": self.ips })
     }
 
     fn search_path(&self) -> String {

@@ -112,14 +112,15 @@ impl Conflist {
 }
 
 /// The default network: a bridge with NAT to the host's networks, published ports through
-/// portmap, and forwarding allowed for its subnet (firewall), as nerdctl's default is.
+/// portmap, and forwarding allowed for its subnet (firewall), as nerdctl's default is; its
+/// IPAM takes an address asked for (`ips`: a sandbox back on its host asks for its own).
 pub fn default_conflist(name: &str, subnet: &str) -> Value {
     json!({
         "cniVersion": "1.0.0",
         "name": name,
         "plugins": [
             {"type": "bridge", "bridge": format!("{name}0"), "isGateway": true, "ipMasq": true,
-             "hairpinMode": true,
+             "hairpinMode": true, "capabilities": {"ips": true},
              "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                       "routes": [{"dst": "0.0.0.0/0"}]}},
             {"type": "portmap", "capabilities": {"portMappings": true}},

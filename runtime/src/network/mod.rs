@@ -111,6 +111,13 @@ pub fn missing_plugin(opts: &NetworkOptions, name: &str) -> Option<String> {
     None
 }
 
+/// Whether a network's list takes addresses asked for (a plugin with the `ips` capability).
+pub fn takes_ips(list: &conflist::Conflist) -> bool {
+    list.plugins
+        .iter()
+        .any(|p| p["capabilities"]["ips"].as_bool() == Some(true))
+}
+
 /// Whether a network's list can publish ports (a plugin takes portMappings).
 pub fn publishes_ports(list: &conflist::Conflist) -> bool {
     list.plugins

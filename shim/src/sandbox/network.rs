@@ -92,9 +92,21 @@ impl Sandboxes {
                 list.file.display()
             )));
         }
-        record.network = Some(att.clone());
-        record.write(bundle_dir)?;
-        att.add(&crate::reaper::ReaperSpawner).map_err(failed)?;
+        // Back on this host (a resume, a restart), the sandbox asks for its own address
+        // again, and takes the IPAM's next when another has it.
+        if network::takes_ips(&list) {
+            att.ips = self.own_address(id);
+        }
+        let mut added = add_recorded(&mut att, record, bundle_dir)?;
+        if let (Err(e), false) = (&added, att.ips.is_empty()) {
+            log::info!(
+                "container {id}: its address {:?} is not free ({e}): a new one",
+                att.ips
+            );
+            att.ips.clear();
+            added = add_recorded(&mut att, record, bundle_dir)?;
+        }
+        added.map_err(failed)?;
         record.network = Some(att.clone());
         record.write(bundle_dir)?;
         let addresses = att.addresses();
@@ -112,6 +124,32 @@ impl Sandboxes {
             log::warn!("container {id}: cannot label its address: {e}");
         }
         Ok(att)
+    }
+}
+
+/// ADD, with the attachment in the record first (a crash leaves DEL to `shim delete`).
+fn add_recorded(
+    att: &mut Attachment,
+    record: &mut Record,
+    bundle_dir: &Path,
+) -> Result<std::result::Result<(), String>> {
+    record.network = Some(att.clone());
+    record.write(bundle_dir)?;
+    Ok(att.add(&crate::reaper::ReaperSpawner))
+}
+
+impl Sandboxes {
+    /// The addresses container `id` had on its network (its record's label), if any.
+    fn own_address(&self, id: &str) -> Vec<String> {
+        let label = self.records().label(id, chalk_labels::ADDRESS_LABEL);
+        label
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .split(',')
+            .filter(|a| a.parse::<std::net::IpAddr>().is_ok())
+            .map(str::to_string)
+            .collect()
     }
 }
 

@@ -358,6 +358,9 @@ impl Records for FakeRecords {
     fn set_label(&self, _: &str, _: &str, _: &str) -> Result<()> {
         Ok(())
     }
+    fn label(&self, _: &str, _: &str) -> Result<Option<String>> {
+        Ok(None)
+    }
     fn snapshot_facts(&self, _: &str) -> Result<crate::containerd::SnapshotFacts> {
         Ok(crate::containerd::SnapshotFacts {
             spec: br#"{"process":{"args":["sh"]}}"#.to_vec(),
