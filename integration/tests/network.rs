@@ -54,6 +54,7 @@ fn main() {
         forks::a_sandbox_without_a_network_forks_into_none,
         forks::a_resume_here_keeps_its_address_when_free,
         rm_and_exit_leave_no_network_behind,
+        a_failed_create_leaves_no_network_behind,
         bad_input_networks_and_ports_are_refused_by_name,
     ]
     .into_iter()
@@ -308,4 +309,21 @@ fn a_runsc_without_networks_is_refused_by_name(net: &Net) -> TestResult {
         Ok(())
     })();
     e.conclude(result, &[asked, default], &[])
+}
+
+/// A create that fails after its network was attached (no such executable) leaves nothing
+/// of the network behind.
+fn a_failed_create_leaves_no_network_behind(net: &Net) -> TestResult {
+    let e = &net.e;
+    let id = "net-fails";
+    e.remove(id);
+    let out = e.chalkctl(&["run", "-p", "18095:80", IMAGE, id, "--", "/no/such/program"]);
+    ensure!(
+        out.code != 0 && out.stderr.contains("/no/such/program"),
+        "a sandbox without its program: {out:?}"
+    );
+    e.assert_clean(id)?;
+    let left = network::leftovers(&network::cni_id(&e.c.namespace, id));
+    ensure!(left.is_empty(), "{left:?}");
+    Ok(())
 }
