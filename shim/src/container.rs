@@ -202,6 +202,13 @@ pub struct Gpu {
     pub nvproxy: bool,
 }
 
+/// The IPv4 addresses (interface, address, prefix) a pod's CNI gave the network namespace its
+/// sandbox joined, read before runsc took them off the interfaces.
+pub struct JoinedAddresses {
+    pub netns: PathBuf,
+    pub addresses: Vec<(String, std::net::Ipv4Addr, u8)>,
+}
+
 pub struct Container {
     pub id: String,
     /// The pod sandbox this container belongs to (its own id when alone).
@@ -220,7 +227,7 @@ pub struct Container {
     pub network: Mutex<Option<chalk_runtime::network::Attachment>>,
     /// A pod's sandbox: the addresses its CRI's network gave the namespace it joined, given
     /// back when it exits (see `sandbox/network.rs`).
-    pub joined_addresses: Option<crate::sandbox::JoinedAddresses>,
+    pub joined_addresses: Option<JoinedAddresses>,
     /// A verified checkpoint to restore at Start instead of starting afresh.
     pub restore_from: Option<RestoreFrom>,
     /// A pod sandbox being restored: how many of its pod's containers are still to be.

@@ -226,7 +226,11 @@ mod tests {
         let runtime = json!({"portMappings": [{"hostPort": 8080}], "ips": ["10.9.0.5"]});
         let bridge = list.plugin_input(0, None, &runtime);
         assert_eq!(bridge["name"], "chalk");
-        assert!(bridge.get("runtimeConfig").is_none() && bridge.get("prevResult").is_none());
+        // The bridge takes the addresses asked for (its IPAM reads them), not the ports.
+        assert_eq!(bridge["runtimeConfig"], json!({"ips": ["10.9.0.5"]}));
+        assert!(bridge.get("prevResult").is_none());
+        let firewall = list.plugin_input(2, None, &runtime);
+        assert!(firewall.get("runtimeConfig").is_none());
         let prev = json!({"ips": []});
         let portmap = list.plugin_input(1, Some(&prev), &runtime);
         assert_eq!(portmap["prevResult"], prev);

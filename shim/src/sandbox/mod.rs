@@ -33,7 +33,6 @@ use containerd_shim::ExitSignal;
 pub use create::CreateRequest;
 pub use exec::ExecRequest;
 pub use hold::Verdict;
-pub use network::JoinedAddresses;
 pub use seal::Seals;
 
 use crate::{

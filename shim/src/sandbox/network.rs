@@ -14,7 +14,7 @@ use chalk_runtime::{
 use serde_json::{json, Value};
 
 use super::Sandboxes;
-use crate::container::Container;
+use crate::container::{Container, JoinedAddresses};
 use crate::errors::{Result, ShimError};
 
 /// The network `spec` asks for: only a sandbox of its own may ask (a pod's network is its
@@ -218,12 +218,6 @@ pub(super) fn joined_addresses(
             None
         }
     }
-}
-
-/// See [`joined_addresses`].
-pub struct JoinedAddresses {
-    netns: std::path::PathBuf,
-    addresses: Vec<(String, std::net::Ipv4Addr, u8)>,
 }
 
 /// Gives the interfaces of the namespace a pod's sandbox joined their addresses back, once its
