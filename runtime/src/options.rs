@@ -17,6 +17,7 @@
 //! check_free_space = true          # refuse a checkpoint its filesystem has no room for
 //! store = "/var/lib/chalk/snapshots" # where chalkctl's snapshots are kept, as blobs
 //! lazy_restore = true              # let restores run before all memory is loaded, where runsc can
+//! share_pages = true               # forks of one snapshot share its memory until they write, where runsc can
 //! [restore_from]                   # pods annotated chalk.io/restore-from start from a snapshot
 //! enabled = false
 //! namespaces = ["agents"]          # the Kubernetes namespaces allowed ("*": any)
@@ -118,6 +119,11 @@ pub struct SnapshotOptions {
     /// state is loaded, its memory loading behind it (off: every restore loads all first).
     #[serde(default = "yes")]
     pub lazy_restore: bool,
+    /// Restore with runsc's `--share-pages` where it has it (a runsc built with the patch in
+    /// packaging/gvisor): a lazy restore from the store maps the snapshot's memory
+    /// copy-on-write, so its forks share it until they write (off: each has its own copy).
+    #[serde(default = "yes")]
+    pub share_pages: bool,
 }
 
 fn default_store() -> PathBuf {
@@ -134,6 +140,7 @@ impl Default for SnapshotOptions {
             check_free_space: true,
             store: default_store(),
             lazy_restore: true,
+            share_pages: true,
         }
     }
 }

@@ -192,6 +192,9 @@ pub struct RestoreFrom {
     pub linked: Mutex<Option<RestoreDir>>,
     /// Let the sandbox run before all of its memory is loaded (runsc's `--background`).
     pub lazy: bool,
+    /// Map the snapshot's memory copy-on-write, shared with its other restores (runsc's
+    /// `--share-pages`); only with `lazy`, from the store's own blobs.
+    pub share_pages: bool,
 }
 
 /// A container's GPU settings, when it is a GPU sandbox.

@@ -138,13 +138,22 @@ pub enum Op<'a> {
         image_path: &'a Path,
         pid_file: &'a Path,
         console_socket: Option<&'a Path>,
-        /// `--background`: running once kernel state is loaded, memory loading behind it.
-        background: bool,
+        memory: MemoryLoad,
     },
     /// Blocks until a background restore has loaded everything.
     WaitRestore {
         id: &'a str,
     },
+}
+
+/// How a restore loads the checkpoint's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryLoad {
+    /// `--background`: running once kernel state is loaded, memory loading behind it.
+    pub background: bool,
+    /// `--share-pages`: private memory maps the pages file copy-on-write, shared with the
+    /// image's other restores until written.
+    pub share_pages: bool,
 }
 
 impl Op<'_> {
@@ -262,15 +271,18 @@ pub fn argv(global: &GlobalArgs, log_file: &Path, op: &Op) -> Vec<OsString> {
             image_path,
             pid_file,
             console_socket,
-            background,
+            memory,
             ..
         } => {
             a.extend(["--bundle".into(), bundle.into()]);
             a.extend(["--image-path".into(), image_path.into()]);
             a.extend(["--pid-file".into(), pid_file.into()]);
             a.push("--detach".into());
-            if *background {
+            if memory.background {
                 a.push("--background".into());
+            }
+            if memory.share_pages {
+                a.push("--share-pages".into());
             }
             console(&mut a, console_socket);
         }
@@ -345,7 +357,7 @@ mod tests {
                 image_path: Path::new("/ck"),
                 pid_file: Path::new("/b/init.pid"),
                 console_socket: Some(Path::new("/s")),
-                background: false,
+                memory: MemoryLoad::default(),
             }),
             format!(
                 "{G} restore --bundle /b --image-path /ck --pid-file /b/init.pid --detach \
@@ -359,11 +371,31 @@ mod tests {
                 image_path: Path::new("/ck"),
                 pid_file: Path::new("/b/init.pid"),
                 console_socket: None,
-                background: true,
+                memory: MemoryLoad {
+                    background: true,
+                    share_pages: false,
+                },
             }),
             format!(
                 "{G} restore --bundle /b --image-path /ck --pid-file /b/init.pid --detach \
                  --background c2"
+            )
+        );
+        assert_eq!(
+            render(Op::Restore {
+                id: "c2",
+                bundle: Path::new("/b"),
+                image_path: Path::new("/ck"),
+                pid_file: Path::new("/b/init.pid"),
+                console_socket: None,
+                memory: MemoryLoad {
+                    background: true,
+                    share_pages: true,
+                },
+            }),
+            format!(
+                "{G} restore --bundle /b --image-path /ck --pid-file /b/init.pid --detach \
+                 --background --share-pages c2"
             )
         );
         assert_eq!(

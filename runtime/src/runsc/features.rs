@@ -96,6 +96,13 @@ impl Features {
         self.restore_flags.contains("background") && self.wait_flags.contains("restore")
     }
 
+    /// Whether a restore can map the checkpoint's pages file copy-on-write as the sandbox's
+    /// private memory, shared with the other restores of that image until written
+    /// (`restore --share-pages`: the gVisor patch in packaging/gvisor).
+    pub fn share_pages(&self) -> bool {
+        self.restore_flags.contains("share-pages")
+    }
+
     /// The checkpoint flags that give the three-file, uncompressed image a lazy restore and
     /// the store need, where this runsc has the choice (`--compression`; none is the default
     /// of later builds, said anyway).
@@ -380,5 +387,11 @@ mod tests {
             .with_restore_help("  -background\n  -detach\n", "  -checkpoint\n  -restore\n");
         assert!(new.lazy_restore());
         assert_eq!(new.uncompressed_checkpoint_flags(), ["--compression=none"]);
+        assert!(!new.share_pages());
+        let patched = Features::default().with_restore_help(
+            "  -background\n  -share-pages\n    \tmap the pages file\n",
+            "  -restore\n",
+        );
+        assert!(patched.share_pages());
     }
 }

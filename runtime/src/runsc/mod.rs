@@ -21,7 +21,7 @@ use std::{
     time::Instant,
 };
 
-pub use args::{GlobalArgs, Op};
+pub use args::{GlobalArgs, MemoryLoad, Op};
 pub use features::{FeatureCache, Features, LeaveRunning};
 pub use output::{last_error, parse_wait};
 pub use sandbox::SandboxRuntime;
@@ -352,8 +352,8 @@ impl Runsc {
     }
 
     /// `runsc restore --detach`: a running sandbox `id` from the checkpoint in `image_path`,
-    /// with `stdio` as its init's stdio, like [`Runsc::create`] followed by a start. With
-    /// `background`, it runs once its kernel state is loaded and its memory loads behind it.
+    /// with `stdio` as its init's stdio, like [`Runsc::create`] followed by a start; `memory`
+    /// says how its memory loads (see [`MemoryLoad`]).
     #[allow(clippy::too_many_arguments)]
     pub fn restore(
         &self,
@@ -363,7 +363,7 @@ impl Runsc {
         pid_file: &Path,
         stdio: ProcessStdio,
         console_socket: Option<&Path>,
-        background: bool,
+        memory: MemoryLoad,
     ) -> Result<()> {
         self.run(
             Op::Restore {
@@ -372,7 +372,7 @@ impl Runsc {
                 image_path,
                 pid_file,
                 console_socket,
-                background,
+                memory,
             },
             Some(stdio),
         )

@@ -4,7 +4,7 @@
 
 use std::{path::Path, sync::mpsc::Receiver, time::Instant};
 
-use super::{ExecChild, GlobalArgs, ProcessStdio, Runsc, State};
+use super::{ExecChild, GlobalArgs, MemoryLoad, ProcessStdio, Runsc, State};
 use crate::{stats::StatsEvent, Result};
 
 pub trait SandboxRuntime: Send + Sync {
@@ -21,8 +21,8 @@ pub trait SandboxRuntime: Send + Sync {
         stdio: ProcessStdio,
         console: Option<&Path>,
     ) -> Result<()>;
-    /// Makes sandbox `id` from the checkpoint in `image`, running; with `background`, before
-    /// all of its memory is loaded.
+    /// Makes sandbox `id` from the checkpoint in `image`, running; its memory loads as
+    /// `memory` says (with `background`, it runs before all of it is loaded).
     #[allow(clippy::too_many_arguments)]
     fn restore(
         &self,
@@ -32,7 +32,7 @@ pub trait SandboxRuntime: Send + Sync {
         pid_file: &Path,
         stdio: ProcessStdio,
         console: Option<&Path>,
-        background: bool,
+        memory: MemoryLoad,
     ) -> Result<()>;
     /// Blocks until a background restore of `id` has loaded all of its memory.
     fn wait_restored(&self, id: &str) -> Result<()>;
@@ -96,11 +96,9 @@ impl SandboxRuntime for Runsc {
         pid_file: &Path,
         stdio: ProcessStdio,
         console: Option<&Path>,
-        background: bool,
+        memory: MemoryLoad,
     ) -> Result<()> {
-        Runsc::restore(
-            self, id, bundle, image, pid_file, stdio, console, background,
-        )
+        Runsc::restore(self, id, bundle, image, pid_file, stdio, console, memory)
     }
     fn wait_restored(&self, id: &str) -> Result<()> {
         Runsc::wait_restored(self, id)

@@ -12,7 +12,7 @@ use std::{
 
 use chalk_hooks::Stage;
 use chalk_runtime::{
-    runsc::LeaveRunning,
+    runsc::{LeaveRunning, MemoryLoad},
     snapshot::{
         describe::describe,
         dir,
@@ -443,7 +443,7 @@ impl Sandboxes {
                 previous: Some(&previous),
                 terminal: None,
                 signals: Some(crate::terminal::signals_for(c)),
-                lazy: false,
+                memory: MemoryLoad::default(),
             },
         );
         drop(held);

@@ -4,7 +4,10 @@
 use chalk_runtime::bundle;
 use std::{path::Path, sync::atomic::Ordering, time::Duration};
 
-use chalk_runtime::{runsc::ProcessStdio, terminal::TerminalState};
+use chalk_runtime::{
+    runsc::{MemoryLoad, ProcessStdio},
+    terminal::TerminalState,
+};
 
 use super::Sandboxes;
 use crate::container::Container;
@@ -28,8 +31,8 @@ pub enum Launch<'a> {
         terminal: Option<TerminalState>,
         /// Where the keys of its terminal that raise signals go (runsc delivers none).
         signals: Option<io::TerminalSignals>,
-        /// Running before all of its memory is loaded (runsc's `--background`).
-        lazy: bool,
+        /// How its memory loads (runsc's `--background` and `--share-pages`).
+        memory: MemoryLoad,
     },
 }
 
@@ -81,7 +84,7 @@ impl Sandboxes {
                 c.runtime
                     .create(&c.id, &c.bundle, &pid_file, runtime_stdio, socket_path)?
             }
-            Launch::Restore { image, lazy, .. } => {
+            Launch::Restore { image, memory, .. } => {
                 c.runtime.restore(
                     &c.id,
                     &c.bundle,
@@ -89,7 +92,7 @@ impl Sandboxes {
                     &pid_file,
                     runtime_stdio,
                     socket_path,
-                    *lazy,
+                    *memory,
                 )?;
                 c.restored.store(true, Ordering::Relaxed);
             }

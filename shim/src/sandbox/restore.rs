@@ -153,6 +153,12 @@ impl Sandboxes {
             && to.features.lazy_restore()
             && m.extra.pod_members() == 0
             && m.files.iter().any(|f| f.path == "pages.img");
+        // Shared pages map the store's own blob for the sandbox's life: never a file that is
+        // still arriving (its server ends once it is in).
+        let share_pages = lazy
+            && to.options.share_pages
+            && to.features.share_pages()
+            && linked.as_ref().is_some_and(|l| l.arriving().is_empty());
         log::info!(
             "container {}: snapshot {what} ({} bytes) verified in {:?}{}",
             to.id,
@@ -182,6 +188,7 @@ impl Sandboxes {
             unpacked: Default::default(),
             linked: std::sync::Mutex::new(linked),
             lazy,
+            share_pages,
         })
     }
 }

@@ -8,7 +8,10 @@ use std::{
 };
 
 use chalk_labels::ENDED_BECAUSE;
-use chalk_runtime::state::{self, Event as Transition, Status};
+use chalk_runtime::{
+    runsc::MemoryLoad,
+    state::{self, Event as Transition, Status},
+};
 use containerd_shim::protos::{events::task::TaskStart, topics};
 
 use super::{launch::Launch, Sandboxes};
@@ -17,6 +20,7 @@ use crate::{
     errors::{Result, ShimError},
     runtimes::network_hint,
 };
+use chalk_runtime::snapshot::store::RestoreDir;
 
 impl Sandboxes {
     pub fn start(&self, id: &str, exec_id: &str) -> Result<u32> {
@@ -112,7 +116,10 @@ impl Sandboxes {
                 previous: None,
                 terminal,
                 signals: Some(crate::terminal::signals_for(c)),
-                lazy: from.lazy,
+                memory: MemoryLoad {
+                    background: from.lazy,
+                    share_pages: from.share_pages,
+                },
             },
         );
         // runsc has opened what it reads (or failed): containerd's copy can go.
@@ -127,7 +134,7 @@ impl Sandboxes {
                 std::thread::spawn(move || {
                     let loaded = c.runtime.wait_restored(&c.id);
                     let failed = linked.arrival_failure();
-                    drop(linked);
+                    keep_while_mapped(&c, linked);
                     match (loaded, failed) {
                         (Ok(()), None) => {
                             restore_timing(&c.id, true, running, started_at.elapsed())
@@ -238,6 +245,15 @@ impl Sandboxes {
 }
 
 /// The line the bench reads: how long a restore took to run, and to have all of its memory.
+/// A sandbox restored with shared pages maps the snapshot's pages file for as long as it
+/// runs: its store links stay (keeping gc off the blobs) until the container goes.
+fn keep_while_mapped(c: &Container, linked: RestoreDir) {
+    match &c.restore_from {
+        Some(from) if from.share_pages => *from.linked.lock().unwrap() = Some(linked),
+        _ => drop(linked),
+    }
+}
+
 fn restore_timing(id: &str, lazy: bool, running: std::time::Duration, loaded: std::time::Duration) {
     log::info!(
         "chalk-timing op=restore id={id} lazy={lazy} running_ms={} loaded_ms={}",

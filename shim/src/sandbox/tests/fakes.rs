@@ -15,7 +15,9 @@ pub(super) use std::{
 pub(super) use chalk_hooks::{HookSpec, Place, Stage};
 pub(super) use chalk_runtime::{
     options::RuntimeOptions,
-    runsc::{Child, ExecChild, Features, GlobalArgs, ProcessStdio, SandboxRuntime, State},
+    runsc::{
+        Child, ExecChild, Features, GlobalArgs, MemoryLoad, ProcessStdio, SandboxRuntime, State,
+    },
     snapshot::manifest::ImageRef,
     state::Status,
     stats::StatsEvent,
@@ -170,10 +172,15 @@ impl SandboxRuntime for FakeRuntime {
         pid_file: &Path,
         _: ProcessStdio,
         _: Option<&Path>,
-        background: bool,
+        memory: MemoryLoad,
     ) -> chalk_runtime::Result<()> {
-        let lazy = if background { " background" } else { "" };
-        self.call(format!("restore {id} {}{lazy}", image.display()));
+        let lazy = if memory.background { " background" } else { "" };
+        let shared = if memory.share_pages {
+            " share-pages"
+        } else {
+            ""
+        };
+        self.call(format!("restore {id} {}{lazy}{shared}", image.display()));
         self.make(id, pid_file)
     }
     fn wait_restored(&self, id: &str) -> chalk_runtime::Result<()> {
