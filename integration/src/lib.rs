@@ -8,6 +8,7 @@ pub mod cri;
 pub mod crictl;
 pub mod image;
 pub mod k8s;
+pub mod memfill;
 pub mod network;
 pub mod procs;
 pub mod registry;

@@ -1,0 +1,52 @@
+//! memfill (`integration/memfill/memfill.c`): a static program that holds a number of
+//! megabytes of process memory with a known pattern, checks it page by page on SIGUSR1 and
+//! rewrites it on SIGUSR2. The shared-memory tests and the bench run it in an image of its own.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use crate::Containerd;
+
+/// The image holding busybox and `/bin/memfill`.
+pub const MEMFILL_IMAGE: &str = "docker.io/chalk/memfill:test";
+
+/// Compiles memfill (static, with the host's C compiler) into the target directory, once per
+/// change of its source: the binary's path.
+pub fn build() -> io::Result<PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("memfill/memfill.c");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/memfill");
+    let newer = |a: &Path, b: &Path| -> bool {
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        matches!((modified(a), modified(b)), (Some(a), Some(b)) if a >= b)
+    };
+    if !newer(&out, &source) {
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let status = Command::new(&cc)
+            .args(["-static", "-O2", "-Wall", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .status()?;
+        if !status.success() {
+            return Err(io::Error::other(format!(
+                "{cc} could not build {} ({status}): a static C toolchain (Debian's gcc and \
+                 libc6-dev) is needed",
+                source.display()
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Builds memfill and imports [`MEMFILL_IMAGE`] into `c`.
+pub fn import(c: &Containerd) -> io::Result<()> {
+    let binary = std::fs::read(build()?)?;
+    c.import_with(MEMFILL_IMAGE, "memfill", &[("bin/memfill", 0o755, &binary)])
+}
+
+/// The command that fills `mb` megabytes and waits.
+pub fn command(mb: u64) -> Vec<String> {
+    vec!["/bin/memfill".into(), mb.to_string()]
+}

@@ -1,0 +1,199 @@
+//! Forks that share memory: on a runsc with `restore --share-pages` (the patch in
+//! packaging/gvisor, built by scripts/peers as runsc-cow), a snapshot's forks map its memory
+//! copy-on-write. Each fork's memory is checked page by page, the forks together hold no copy
+//! of it until one writes, and a snapshot of a fork restores. On a runsc without the flag the
+//! cases are ignored: the rest of the suites cover it.
+
+use std::time::{Duration, Instant};
+
+use chalk_integration::{
+    cases, ensure,
+    memfill::{self, MEMFILL_IMAGE},
+    testkit::{self, Env, Failed, TestResult},
+    Containerd,
+};
+
+/// What each sandbox holds in its heap, MB.
+const MB: u64 = 256;
+
+fn main() {
+    testkit::check_args();
+    let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
+    let patched = shares_pages();
+    if patched {
+        memfill::import(&c).unwrap_or_else(|e| panic!("cannot import the memfill image: {e}"));
+    }
+    let env = Env { c };
+    let all = cases![
+        forks_share_memory_until_they_write,
+        a_snapshot_of_a_fork_restores_and_shares,
+    ]
+    .into_iter()
+    .map(|c| c.ignored_if(!patched))
+    .collect();
+    testkit::run(env, all, |_| Ok(()));
+}
+
+/// Whether the cell's runsc has `restore --share-pages`.
+fn shares_pages() -> bool {
+    let Some(runsc) = std::env::var_os("CHALK_RUNSC").filter(|v| !v.is_empty()) else {
+        return false;
+    };
+    std::process::Command::new(runsc)
+        .args(["help", "restore"])
+        .output()
+        .is_ok_and(|o| {
+            let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+            text.contains("-share-pages")
+        })
+}
+
+/// The host's shared memory (memfds: each sandbox's private copy of its memory), MB.
+fn shmem_mb() -> Result<u64, Failed> {
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| e.to_string())?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Shmem:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb / 1024)
+        .ok_or_else(|| Failed::from("no Shmem in /proc/meminfo"))
+}
+
+fn sh(e: &Env, id: &str, script: &str) -> Result<String, Failed> {
+    let out = e.chalkctl(&["exec", "--id", id, "--", "sh", "-c", script]);
+    ensure!(out.code == 0, "exec in {id}: {script}: {out:?}");
+    Ok(out.stdout.trim().to_string())
+}
+
+/// Waits up to `within` for `path` in `id` to read as something for which `done` holds.
+fn wait_for(
+    e: &Env,
+    id: &str,
+    path: &str,
+    within: Duration,
+    done: impl Fn(&str) -> bool,
+) -> Result<String, Failed> {
+    let start = Instant::now();
+    loop {
+        let got = sh(e, id, &format!("cat {path} 2>/dev/null || true"))?;
+        if done(&got) {
+            return Ok(got);
+        }
+        ensure!(
+            start.elapsed() < within,
+            "{id}: {path} is {got:?} after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Asks memfill in `id` to check its memory: "ok GEN" or "bad PAGE GEN".
+fn verify(e: &Env, id: &str) -> Result<String, Failed> {
+    sh(e, id, "rm -f /tmp/verified; kill -USR1 1")?;
+    wait_for(e, id, "/tmp/verified", Duration::from_secs(120), |s| {
+        !s.is_empty()
+    })
+}
+
+fn run_memfill(e: &Env, id: &str) -> TestResult {
+    let mut args = vec![
+        "--output",
+        "json",
+        "run",
+        "--net",
+        "none",
+        MEMFILL_IMAGE,
+        id,
+        "--",
+    ];
+    let cmd = memfill::command(MB);
+    args.extend(cmd.iter().map(String::as_str));
+    let out = e.chalkctl(&args);
+    ensure!(out.code == 0, "run {id}: {out:?}");
+    wait_for(e, id, "/tmp/ready", Duration::from_secs(120), |s| {
+        s == "ready"
+    })?;
+    Ok(())
+}
+
+fn forks_share_memory_until_they_write(e: &Env) -> TestResult {
+    let src = "cow-src";
+    let forks = ["cw-1", "cw-2", "cw-3"];
+    let mut ids = vec![src];
+    ids.extend(forks);
+    for id in &ids {
+        e.remove(id);
+    }
+    let result = (|| {
+        run_memfill(e, src)?;
+        let before = shmem_mb()?;
+        let out = e.chalkctl_json(&["fork", "--id", src, "--fork-id", "cw", "--count", "3"])?;
+        ensure!(out.to_string().contains("cw-3"), "fork: {out}");
+        for f in forks {
+            let v = verify(e, f)?;
+            ensure!(v == "ok 0", "{f}'s memory after the fork: {v}");
+        }
+        let forked = shmem_mb()?;
+        // Three private copies would be 3 x 256 MB; shared, the forks add their page tables'
+        // worth and what the checks touched of their own.
+        ensure!(
+            forked.saturating_sub(before) < MB / 2,
+            "3 forks of a {MB} MB sandbox grew the host's shared memory by {} MB \
+             ({before} -> {forked}): they hold copies",
+            forked.saturating_sub(before)
+        );
+        // A fork that rewrites its memory gets its own copy; the others keep the snapshot's.
+        sh(e, forks[0], "rm -f /tmp/rewritten; kill -USR2 1")?;
+        let took = wait_for(
+            e,
+            forks[0],
+            "/tmp/rewritten",
+            Duration::from_secs(120),
+            |s| s.starts_with("1 "),
+        )?;
+        let rewritten = shmem_mb()?;
+        ensure!(
+            rewritten.saturating_sub(forked) >= MB * 3 / 4,
+            "the rewrite added {} MB of shared memory, not a copy of {MB} MB",
+            rewritten.saturating_sub(forked)
+        );
+        let v = verify(e, forks[0])?;
+        ensure!(v == "ok 1", "{}: after its rewrite: {v}", forks[0]);
+        let v = verify(e, forks[1])?;
+        ensure!(
+            v == "ok 0",
+            "{}: after its sibling's rewrite: {v}",
+            forks[1]
+        );
+        let v = verify(e, src)?;
+        ensure!(v == "ok 0", "{src}: after its fork's rewrite: {v}");
+        testkit::note(format!(
+            "shmem {before} MB -> 3 forks {forked} MB -> one rewrote ({took}) {rewritten} MB"
+        ));
+        Ok(())
+    })();
+    e.conclude(result, &ids, &[])
+}
+
+fn a_snapshot_of_a_fork_restores_and_shares(e: &Env) -> TestResult {
+    let src = "cow-snap-src";
+    let (fork, grandchild) = ("cws", "cwg");
+    let ids = [src, fork, grandchild];
+    for id in ids {
+        e.remove(id);
+    }
+    let mut snapshots = Vec::new();
+    let result = (|| {
+        run_memfill(e, src)?;
+        e.chalkctl_json(&["fork", "--id", src, "--fork-id", "cws"])?;
+        // Its snapshot copies what it maps of its own snapshot into its memory first.
+        let snap = e.snapshot_of(fork)?;
+        snapshots.push(snap.clone());
+        e.chalkctl_json(&["fork", "--snapshot-id", &snap, "--fork-id", "cwg"])?;
+        for id in [fork, grandchild] {
+            let v = verify(e, id)?;
+            ensure!(v == "ok 0", "{id}: {v}");
+        }
+        Ok(())
+    })();
+    e.conclude(result, &ids, &snapshots)
+}
