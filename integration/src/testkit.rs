@@ -39,6 +39,21 @@ pub fn current_runsc() -> bool {
     std::env::var_os("CHALK_RUNSC").is_some_and(|v| !v.is_empty())
 }
 
+/// Whether this cell's runsc has `restore --share-pages` (runsc-cow: the patch in
+/// packaging/gvisor): its forks map their snapshot's memory for as long as they run.
+pub fn shares_pages() -> bool {
+    let Some(runsc) = std::env::var_os("CHALK_RUNSC").filter(|v| !v.is_empty()) else {
+        return false;
+    };
+    std::process::Command::new(runsc)
+        .args(["help", "restore"])
+        .output()
+        .is_ok_and(|o| {
+            let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+            text.contains("-share-pages")
+        })
+}
+
 /// A private containerd the cases share.
 pub struct Env {
     pub c: Containerd,

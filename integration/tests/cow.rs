@@ -19,7 +19,7 @@ const MB: u64 = 256;
 fn main() {
     testkit::check_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
-    let patched = shares_pages();
+    let patched = testkit::shares_pages();
     if patched {
         memfill::import(&c).unwrap_or_else(|e| panic!("cannot import the memfill image: {e}"));
     }
@@ -32,20 +32,6 @@ fn main() {
     .map(|c| c.ignored_if(!patched))
     .collect();
     testkit::run(env, all, |_| Ok(()));
-}
-
-/// Whether the cell's runsc has `restore --share-pages`.
-fn shares_pages() -> bool {
-    let Some(runsc) = std::env::var_os("CHALK_RUNSC").filter(|v| !v.is_empty()) else {
-        return false;
-    };
-    std::process::Command::new(runsc)
-        .args(["help", "restore"])
-        .output()
-        .is_ok_and(|o| {
-            let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
-            text.contains("-share-pages")
-        })
 }
 
 /// The host's shared memory (memfds: each sandbox's private copy of its memory), MB.

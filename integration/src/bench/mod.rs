@@ -2,6 +2,7 @@
 //! containerd's runc shim driving runsc, and with runsc alone. Statistics and the report are
 //! pure; the drivers spawn the real programs.
 
+pub mod cow;
 pub mod network;
 pub mod report;
 pub mod runsc_alone;

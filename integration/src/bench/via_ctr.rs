@@ -148,10 +148,12 @@ impl<'a> ViaCtr<'a> {
             .output()
             .map_err(|e| format!("run chalkctl: {e}"))?;
         if !out.status.success() {
+            // A command on several sandboxes says what failed for each on stdout.
             return Err(format!(
-                "chalkctl {}: {}",
+                "chalkctl {}: {} {}",
                 args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
+                String::from_utf8_lossy(&out.stderr).trim(),
+                String::from_utf8_lossy(&out.stdout).trim()
             ));
         }
         serde_json::from_slice(&out.stdout).map_err(|e| format!("chalkctl {}: {e}", args.join(" ")))

@@ -4,8 +4,10 @@
 //!
 //!   chalk-bench [--quick] [--out DIR] [--sizes MB,..] [--only GROUP,..]
 //!
-//! `--sizes` and `--only` (lifecycle, snapshots, memory, many, shim, hashing, network) narrow a run
-//! while a change is measured; the committed results come from full runs.
+//! `--sizes` and `--only` (lifecycle, snapshots, memory, many, shim, hashing, network, cow)
+//! narrow a run while a change is measured; the committed results come from full runs. `cow`
+//! (forks that share memory: the unpatched runsc against runsc-cow, CHALK_RUNSC_COW from
+//! scripts/peers) runs in a full run where runsc-cow is built, or when named.
 //!
 //! `--quick` is the smoke mode CI runs: one or two runs of everything, small memory. Nothing
 //! here fails on a timing; it fails only when an operation fails.
@@ -50,7 +52,8 @@ struct Opts {
     only: Vec<String>,
 }
 
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
+    "cow",
     "lifecycle",
     "snapshots",
     "memory",
@@ -202,6 +205,24 @@ fn run(o: &Opts) -> Result<(), String> {
     if o.runs("network") {
         say("networks");
         hashing.push(chalk_integration::bench::network::measure(o.reps, &chalk)?);
+    }
+    if let Some(cow) = cow_runsc(o)? {
+        say("forks that share memory");
+        chalk_integration::memfill::import(&c).map_err(|e| format!("import memfill: {e}"))?;
+        let patched_c =
+            Containerd::start_with_runsc(&cow).map_err(|e| format!("start containerd: {e}"))?;
+        chalk_integration::memfill::import(&patched_c)
+            .map_err(|e| format!("import memfill: {e}"))?;
+        let patched = ViaCtr::chalk(&patched_c);
+        let pair = chalk_integration::bench::cow::Pair {
+            unpatched: &chalk,
+            patched: &patched,
+        };
+        hashing.push(chalk_integration::bench::cow::measure(
+            o.quick,
+            o.reps.min(5),
+            &pair,
+        )?);
     }
 
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
@@ -864,6 +885,22 @@ fn writeback_note() -> String {
 }
 
 /// The host's MemAvailable, in bytes.
+/// runsc-cow, when the shared-memory group runs: named by `--only`, or in a full run where
+/// scripts/peers built it.
+fn cow_runsc(o: &Opts) -> Result<Option<PathBuf>, String> {
+    let named = o.only.iter().any(|g| g == "cow");
+    let built = std::env::var_os("CHALK_RUNSC_COW")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    match built {
+        Some(path) if named || (o.only.is_empty() && !o.quick) => Ok(Some(path)),
+        None if named => {
+            Err("--only cow needs runsc-cow: CHALK_RUNSC_COW, from scripts/peers".into())
+        }
+        _ => Ok(None),
+    }
+}
+
 fn mem_available() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()

@@ -1,0 +1,313 @@
+//! Forks that share memory: the same workloads on the unpatched runsc and on runsc-cow (the
+//! patch in packaging/gvisor, `restore --share-pages`), each behind a private containerd of its
+//! own, in one run. Two kinds of memory: a process's heap (memfill) and files written into the
+//! sandbox's memory-backed root overlay (`dd` into /tmp).
+
+use std::time::{Duration, Instant};
+
+use super::{report::Plain, stats::summarize, stats::Unit, timed, via_ctr::ViaCtr};
+use crate::memfill::{self, MEMFILL_IMAGE};
+
+/// Where a sandbox keeps its memory.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// memfill's heap: private anonymous memory.
+    Process,
+    /// Files in /tmp, in the memory-backed root overlay.
+    Files,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Process => "process memory",
+            Kind::Files => "files",
+        }
+    }
+
+    fn command(self, mb: u64) -> Vec<String> {
+        match self {
+            Kind::Process => memfill::command(mb),
+            Kind::Files => vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={mb} iflag=fullblock \
+                     2>/dev/null; touch /tmp/ready; exec sleep 100000"
+                ),
+            ],
+        }
+    }
+}
+
+/// The two runscs, each behind its own containerd.
+pub struct Pair<'a> {
+    pub unpatched: &'a ViaCtr<'a>,
+    pub patched: &'a ViaCtr<'a>,
+}
+
+impl<'a> Pair<'a> {
+    fn both(&self) -> [(&'static str, &'a ViaCtr<'a>); 2] {
+        [("unpatched", self.unpatched), ("patched", self.patched)]
+    }
+}
+
+/// Host memory in use, MB: MemTotal less MemFree once the page cache that nothing maps is
+/// dropped, so that a snapshot's pages mapped by its forks count once and nothing else cached
+/// counts at all.
+fn used_mb() -> f64 {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    std::thread::sleep(Duration::from_millis(500));
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("MemTotal:") - field("MemFree:")) / 1024.0
+}
+
+/// A sandbox holding `mb` MB of `kind`, snapshotted and removed: the snapshot's digest.
+fn snapshot_of(chalk: &ViaCtr, kind: Kind, mb: u64, id: &str) -> Result<String, String> {
+    chalk.remove(id);
+    let mut args = vec!["run", "--net", "none", MEMFILL_IMAGE, id, "--"];
+    let cmd = kind.command(mb);
+    args.extend(cmd.iter().map(String::as_str));
+    let made = (|| {
+        chalk.chalkctl(&args)?;
+        chalk.wait_file(id, "/tmp/ready", Duration::from_secs(1800))?;
+        Ok::<_, String>(chalk.snapshot(id)?.1)
+    })();
+    chalk.remove(id);
+    made
+}
+
+/// The ids chalkctl gives `count` forks named `prefix`.
+fn fork_ids(prefix: &str, count: usize) -> Vec<String> {
+    match count {
+        1 => vec![prefix.to_string()],
+        n => (1..=n).map(|k| format!("{prefix}-{k}")).collect(),
+    }
+}
+
+/// `count` more forks of `digest`, named `prefix` (see [`fork_ids`]): how long until they all
+/// run.
+fn fork(chalk: &ViaCtr, digest: &str, prefix: &str, count: usize) -> Result<Duration, String> {
+    let n = count.to_string();
+    Ok(timed(|| {
+        chalk.chalkctl(&[
+            "fork",
+            "--snapshot-id",
+            digest,
+            "--fork-id",
+            prefix,
+            "--count",
+            &n,
+            // chalkctl's estimate counts a full copy per fork.
+            "--force",
+        ])
+    })?
+    .0)
+}
+
+fn remove_all(chalk: &ViaCtr, ids: &[String]) {
+    for id in ids {
+        chalk.remove(id);
+    }
+}
+
+type Row = (String, Unit, Vec<f64>);
+
+/// Host memory with 1, 8 and 16 forks of one snapshot of `mb` MB, for each kind and runsc.
+fn memory_rows(pair: &Pair, mb: u64, counts: &[usize], rows: &mut Vec<Row>) -> Result<(), String> {
+    for kind in [Kind::Process, Kind::Files] {
+        for (runsc, chalk) in pair.both() {
+            let digest = snapshot_of(chalk, kind, mb, "cowm-src")?;
+            let mut ids = Vec::new();
+            let measured = (|| {
+                let base = used_mb();
+                let mut out = Vec::new();
+                for (batch, &n) in counts.iter().enumerate() {
+                    let more = n - ids.len();
+                    let prefix = format!("cowm{batch}");
+                    ids.extend(fork_ids(&prefix, more));
+                    fork(chalk, &digest, &prefix, more)?;
+                    // Let background loading end before measuring.
+                    std::thread::sleep(Duration::from_secs(3));
+                    out.push((n, used_mb() - base));
+                }
+                Ok::<_, String>(out)
+            })();
+            remove_all(chalk, &ids);
+            chalk.delete_snapshot(&digest);
+            for (n, used) in measured? {
+                rows.push((
+                    format!(
+                        "host memory, {n} forks, {mb} MB of {}, {runsc}",
+                        kind.name()
+                    ),
+                    Unit::Megabytes,
+                    vec![used],
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fork time to running at each size (process memory), `reps` forks each.
+fn fork_time_rows(
+    pair: &Pair,
+    sizes: &[u64],
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    for &mb in sizes {
+        for (runsc, chalk) in pair.both() {
+            let digest = snapshot_of(chalk, Kind::Process, mb, "cowt-src")?;
+            let mut samples = Vec::new();
+            let timed_forks = (|| {
+                for i in 0..reps {
+                    let prefix = format!("cowt{i}");
+                    let t = fork(chalk, &digest, &prefix, 1);
+                    chalk.remove(&prefix);
+                    samples.push(t?.as_secs_f64() * 1e3);
+                }
+                Ok::<_, String>(())
+            })();
+            chalk.delete_snapshot(&digest);
+            timed_forks?;
+            rows.push((
+                format!("fork to running, {mb} MB of process memory, {runsc}"),
+                Unit::Millis,
+                samples,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The worst case: a fork that rewrites all of its `mb` MB of process memory at once. Rows:
+/// the fork plus the rewrite, from the fork's start to the rewrite's end; and the rewrite alone,
+/// as memfill timed it inside the sandbox.
+fn rewrite_rows(pair: &Pair, mb: u64, reps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
+    for (runsc, chalk) in pair.both() {
+        let digest = snapshot_of(chalk, Kind::Process, mb, "cowr-src")?;
+        let (mut total, mut inside) = (Vec::new(), Vec::new());
+        let measured = (|| {
+            for i in 0..reps {
+                let id = format!("cowr{i}");
+                let start = Instant::now();
+                let result = (|| {
+                    fork(chalk, &digest, &id, 1)?;
+                    let signal = chalk.c.ctr([
+                        "task",
+                        "exec",
+                        "--exec-id",
+                        "usr2",
+                        &id,
+                        "kill",
+                        "-USR2",
+                        "1",
+                    ]);
+                    if signal.code != 0 {
+                        return Err(format!("{id}: kill -USR2 1: {signal:?}"));
+                    }
+                    chalk.wait_file(&id, "/tmp/rewritten", Duration::from_secs(600))?;
+                    let out = chalk.c.ctr([
+                        "task",
+                        "exec",
+                        "--exec-id",
+                        "rw",
+                        &id,
+                        "cat",
+                        "/tmp/rewritten",
+                    ]);
+                    let ms = out
+                        .stdout
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .ok_or_else(|| format!("{id}: /tmp/rewritten reads {:?}", out.stdout))?;
+                    Ok::<_, String>(ms)
+                })();
+                total.push(start.elapsed().as_secs_f64() * 1e3);
+                chalk.remove(&id);
+                inside.push(result?);
+            }
+            Ok::<_, String>(())
+        })();
+        chalk.delete_snapshot(&digest);
+        measured?;
+        rows.push((
+            format!("fork, then rewrite all {mb} MB, {runsc}"),
+            Unit::Millis,
+            total,
+        ));
+        rows.push((
+            format!("the rewrite alone (inside the fork), {runsc}"),
+            Unit::Millis,
+            inside,
+        ));
+    }
+    Ok(())
+}
+
+/// The shared-memory group: memory with 1, 8 and 16 forks of a 1 GB snapshot of each kind,
+/// fork time at 256 MB, 1 GB and 4 GB, and the rewrite worst case; `quick` shrinks it to a
+/// smoke run.
+pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
+    let mut rows = Vec::new();
+    let (mb, counts, sizes): (u64, &[usize], &[u64]) = if quick {
+        (16, &[1, 2], &[16])
+    } else {
+        (1024, &[1, 8, 16], &[256, 1024, 4096])
+    };
+    memory_rows(pair, mb, counts, &mut rows)?;
+    fork_time_rows(pair, sizes, reps, &mut rows)?;
+    rewrite_rows(pair, mb, reps, &mut rows)?;
+    let median = |label: &str| {
+        rows.iter()
+            .find(|(l, _, _)| l == label)
+            .and_then(|(_, _, v)| summarize(v))
+            .map_or(0.0, |s| s.median)
+    };
+    let n = counts[counts.len() - 1];
+    let ratios: Vec<String> = [Kind::Process, Kind::Files]
+        .iter()
+        .map(|k| {
+            let row = |runsc: &str| {
+                median(&format!(
+                    "host memory, {n} forks, {mb} MB of {}, {runsc}",
+                    k.name()
+                ))
+            };
+            format!(
+                "{n} forks of {mb} MB of {}: {:.0} MB patched against {:.0} MB unpatched ({:.2}x)",
+                k.name(),
+                row("patched"),
+                row("unpatched"),
+                row("patched") / row("unpatched").max(f64::EPSILON)
+            )
+        })
+        .collect();
+    Ok(Plain {
+        title: "Forks that share memory".into(),
+        about: format!(
+            "The unpatched runsc and runsc-cow (packaging/gvisor's `restore --share-pages`), each \
+             behind its own containerd, in one run. A source sandbox holds {mb} MB of process \
+             memory (memfill's heap) or of files (`dd` into /tmp, in the memory-backed root \
+             overlay), is snapshotted and removed; its forks come from the snapshot. Host \
+             memory: MemTotal less MemFree after dropping the page cache nothing maps, against \
+             the same before the first fork (so the snapshot's pages, mapped by the forks, \
+             count once). Fork to running: `chalkctl fork --snapshot-id`, {reps} forks each. \
+             Rewrite: a fork that writes every page of its memory at once, from the fork's \
+             start to the rewrite's end. {}.",
+            ratios.join("; ")
+        ),
+        rows,
+    })
+}
