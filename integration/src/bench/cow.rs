@@ -55,19 +55,33 @@ impl<'a> Pair<'a> {
 /// Host memory in use, MB: MemTotal less MemFree once the page cache that nothing maps is
 /// dropped, so that a snapshot's pages mapped by its forks count once and nothing else cached
 /// counts at all.
+///
+/// Memory freed by sandboxes that just ended reaches MemFree over seconds: it reads again until
+/// two readings a second apart agree within 16 MB (at most 30 s).
 fn used_mb() -> f64 {
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-    std::thread::sleep(Duration::from_millis(500));
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+    let read = || {
+        // SAFETY: sync(2) takes no arguments and cannot fail.
+        unsafe { libc::sync() };
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (field("MemTotal:") - field("MemFree:")) / 1024.0
     };
-    (field("MemTotal:") - field("MemFree:")) / 1024.0
+    let mut last = read();
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = read();
+        if (now - last).abs() < 16.0 {
+            return now;
+        }
+        last = now;
+    }
+    last
 }
 
 /// A sandbox holding `mb` MB of `kind`, snapshotted and removed: the snapshot's digest.

@@ -8,7 +8,7 @@ use std::{path::Path, time::Instant};
 
 use chalk_runtime::{
     options::SnapshotOptions,
-    runsc::{Features, SandboxRuntime},
+    runsc::{Features, MemoryLoad, SandboxRuntime},
     snapshot::{
         describe::{check_restore, Target},
         manifest::FileEntry,
@@ -144,21 +144,16 @@ impl Sandboxes {
             image: image.as_ref(),
         };
         check_restore(&m, from, &target).map_err(ShimError::FailedPrecondition)?;
-        // Only a stored snapshot loads lazily: its files are runsc's three uncompressed ones,
-        // and the store keeps them until loading ends. A pod's sandbox loads whole before its
-        // containers join it: with runsc 2026-09, a container started into a pod sandbox
-        // still loading in the background twice ended the sandbox (exit 2) in the CRI tests.
-        let lazy = linked.is_some()
-            && to.options.lazy_restore
-            && to.features.lazy_restore()
-            && m.extra.pod_members() == 0
-            && m.files.iter().any(|f| f.path == "pages.img");
-        // Shared pages map the store's own blob for the sandbox's life: never a file that is
-        // still arriving (its server ends once it is in).
-        let share_pages = lazy
-            && to.options.share_pages
-            && to.features.share_pages()
-            && linked.as_ref().is_some_and(|l| l.arriving().is_empty());
+        let memory = memory_load(
+            &Source {
+                stored: linked.is_some(),
+                arriving: linked.as_ref().is_some_and(|l| !l.arriving().is_empty()),
+                pod_members: m.extra.pod_members(),
+                has_pages_file: m.files.iter().any(|f| f.path == "pages.img"),
+            },
+            to.options,
+            to.features,
+        );
         log::info!(
             "container {}: snapshot {what} ({} bytes) verified in {:?}{}",
             to.id,
@@ -187,8 +182,8 @@ impl Sandboxes {
             terminal: m.terminal.clone(),
             unpacked: Default::default(),
             linked: std::sync::Mutex::new(linked),
-            lazy,
-            share_pages,
+            lazy: memory.background,
+            share_pages: memory.share_pages,
         })
     }
 }
@@ -209,4 +204,112 @@ fn fresh_entries(dir: &Path) -> Vec<FileEntry> {
             }
         })
         .collect()
+}
+
+/// What a restore comes from, as far as how its memory loads is concerned.
+struct Source {
+    /// The store's own blobs (not a checkpoint directory of runsc's files).
+    stored: bool,
+    /// Some of those blobs still arriving from a registry, read through their server.
+    arriving: bool,
+    pod_members: usize,
+    /// runsc's memory in a pages.img of its own (an uncompressed checkpoint).
+    has_pages_file: bool,
+}
+
+/// How the restore of `from` loads its memory.
+///
+/// Only a stored snapshot loads lazily: its files are runsc's three uncompressed ones, and the
+/// store keeps them until loading ends. A pod's sandbox loads whole before its containers join
+/// it: with runsc 2026-09, a container started into a pod sandbox still loading in the
+/// background twice ended the sandbox (exit 2) in the CRI tests. Shared pages map the store's
+/// own blob for the sandbox's life: never a file still arriving (its server ends once it is in).
+fn memory_load(from: &Source, options: &SnapshotOptions, features: &Features) -> MemoryLoad {
+    let background = from.stored
+        && options.lazy_restore
+        && features.lazy_restore()
+        && from.pod_members == 0
+        && from.has_pages_file;
+    MemoryLoad {
+        background,
+        share_pages: background && options.share_pages && features.share_pages() && !from.arriving,
+    }
+}
+
+#[cfg(test)]
+mod memory_load_tests {
+    use super::*;
+
+    fn runsc(restore_help: &str) -> Features {
+        Features::default().with_restore_help(restore_help, "  -restore\n")
+    }
+
+    fn stored() -> Source {
+        Source {
+            stored: true,
+            arriving: false,
+            pod_members: 0,
+            has_pages_file: true,
+        }
+    }
+
+    #[test]
+    fn a_patched_runsc_shares_the_stores_pages() {
+        let patched = runsc("  -background\n  -share-pages\n");
+        let load = memory_load(&stored(), &SnapshotOptions::default(), &patched);
+        assert_eq!(
+            load,
+            MemoryLoad {
+                background: true,
+                share_pages: true
+            }
+        );
+    }
+
+    #[test]
+    fn an_unpatched_runsc_loads_lazily_without_sharing() {
+        let current = runsc("  -background\n");
+        let load = memory_load(&stored(), &SnapshotOptions::default(), &current);
+        assert!(load.background && !load.share_pages);
+    }
+
+    #[test]
+    fn nothing_arriving_off_or_outside_the_store_is_shared() {
+        let patched = runsc("  -background\n  -share-pages\n");
+        let defaults = SnapshotOptions::default();
+        let arriving = Source {
+            arriving: true,
+            ..stored()
+        };
+        assert!(!memory_load(&arriving, &defaults, &patched).share_pages);
+        let off = SnapshotOptions {
+            share_pages: false,
+            ..SnapshotOptions::default()
+        };
+        assert!(!memory_load(&stored(), &off, &patched).share_pages);
+        let directory = Source {
+            stored: false,
+            ..stored()
+        };
+        assert_eq!(
+            memory_load(&directory, &defaults, &patched),
+            MemoryLoad::default()
+        );
+        let pod = Source {
+            pod_members: 2,
+            ..stored()
+        };
+        assert_eq!(
+            memory_load(&pod, &defaults, &patched),
+            MemoryLoad::default()
+        );
+        let not_lazy = SnapshotOptions {
+            lazy_restore: false,
+            ..SnapshotOptions::default()
+        };
+        assert_eq!(
+            memory_load(&stored(), &not_lazy, &patched),
+            MemoryLoad::default()
+        );
+    }
 }
