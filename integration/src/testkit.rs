@@ -49,8 +49,10 @@ pub fn shares_pages() -> bool {
         .args(["help", "restore"])
         .output()
         .is_ok_and(|o| {
-            let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
-            text.contains("-share-pages")
+            let help = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+            chalk_runtime::runsc::Features::default()
+                .with_restore_help(&help, "")
+                .share_pages()
         })
 }
 

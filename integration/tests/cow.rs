@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use chalk_integration::{
+    bench::meminfo_kb,
     cases, ensure,
     memfill::{self, MEMFILL_IMAGE},
     testkit::{self, Env, Failed, TestResult},
@@ -37,9 +38,7 @@ fn main() {
 /// The host's shared memory (memfds: each sandbox's private copy of its memory), MB.
 fn shmem_mb() -> Result<u64, Failed> {
     let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| e.to_string())?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("Shmem:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    meminfo_kb(&text, "Shmem:")
         .map(|kb| kb / 1024)
         .ok_or_else(|| Failed::from("no Shmem in /proc/meminfo"))
 }

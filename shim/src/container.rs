@@ -190,11 +190,9 @@ pub struct RestoreFrom {
     /// Set when `dir` is links into the snapshot store: held (keeping gc off its blobs) until
     /// runsc has loaded everything, then removed.
     pub linked: Mutex<Option<RestoreDir>>,
-    /// Let the sandbox run before all of its memory is loaded (runsc's `--background`).
-    pub lazy: bool,
-    /// Map the snapshot's memory copy-on-write, shared with its other restores (runsc's
-    /// `--share-pages`); only with `lazy`, from the store's own blobs.
-    pub share_pages: bool,
+    /// How its memory loads: before all of it is in (runsc's `--background`), and mapped
+    /// copy-on-write, shared with the snapshot's other restores (`--share-pages`).
+    pub memory: chalk_runtime::runsc::MemoryLoad,
 }
 
 /// A container's GPU settings, when it is a GPU sandbox.

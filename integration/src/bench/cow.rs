@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{report::Plain, stats::summarize, stats::Unit, timed, via_ctr::ViaCtr};
+use super::{meminfo_kb, report::Plain, stats::summarize, stats::Unit, timed, via_ctr::ViaCtr};
 use crate::memfill::{self, MEMFILL_IMAGE};
 
 /// Where a sandbox keeps its memory.
@@ -64,12 +64,7 @@ fn used_mb() -> f64 {
         unsafe { libc::sync() };
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
         let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
+        let field = |key: &str| meminfo_kb(&text, key).unwrap_or(0) as f64;
         (field("MemTotal:") - field("MemFree:")) / 1024.0
     };
     let mut last = read();

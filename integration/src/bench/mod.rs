@@ -12,6 +12,15 @@ pub mod via_ctr;
 use std::time::{Duration, Instant};
 
 /// Runs `f` and returns how long it took with what it returned.
+/// Field `key` (with its colon, e.g. `"MemFree:"`) of `meminfo`, the text of /proc/meminfo:
+/// its value in kB.
+pub fn meminfo_kb(meminfo: &str, key: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
 pub fn timed<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<(Duration, T), E> {
     let started = Instant::now();
     let out = f()?;
@@ -111,12 +120,8 @@ pub fn machine() -> String {
         .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kb = meminfo_kb(&meminfo, "MemTotal:").unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
         "{model}, {cores} cores, {:.0} GB memory, Linux {}",

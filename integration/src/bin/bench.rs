@@ -20,7 +20,7 @@ use std::{
 
 use chalk_integration::{
     bench::{
-        filled_counter, machine, reap_orphans,
+        filled_counter, machine, meminfo_kb, reap_orphans,
         report::{self, Group, Meta, Plain, PlotPoint, Row, CHALK, RUNC_SHIM, RUNSC},
         runsc_alone::{openssl_sha256, size_of, RunscAlone},
         stats::{summarize, Unit},
@@ -852,13 +852,7 @@ fn many_forks(o: &Opts, chalk: &ViaCtr, alone: &RunscAlone) -> Result<Group, Str
 /// The host's dirty and writeback pages, in MB.
 fn dirty_mb() -> f64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kb = |key: &str| {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let kb = |key: &str| meminfo_kb(&meminfo, key).unwrap_or(0) as f64;
     (kb("Dirty:") + kb("Writeback:")) * 1024.0 / 1e6
 }
 
@@ -884,7 +878,6 @@ fn writeback_note() -> String {
     )
 }
 
-/// The host's MemAvailable, in bytes.
 /// runsc-cow, when the shared-memory group runs: named by `--only`, or in a full run where
 /// scripts/peers built it.
 fn cow_runsc(o: &Opts) -> Result<Option<PathBuf>, String> {
@@ -901,13 +894,10 @@ fn cow_runsc(o: &Opts) -> Result<Option<PathBuf>, String> {
     }
 }
 
+/// The host's MemAvailable, in bytes.
 fn mem_available() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo_kb(&meminfo, "MemAvailable:").map_or(0, |kb| kb * 1024)
 }
 
 /// Resident memory of the shim: with one sandbox, and per sandbox with many running.

@@ -182,8 +182,7 @@ impl Sandboxes {
             terminal: m.terminal.clone(),
             unpacked: Default::default(),
             linked: std::sync::Mutex::new(linked),
-            lazy: memory.background,
-            share_pages: memory.share_pages,
+            memory,
         })
     }
 }

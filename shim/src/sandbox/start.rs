@@ -8,10 +8,7 @@ use std::{
 };
 
 use chalk_labels::ENDED_BECAUSE;
-use chalk_runtime::{
-    runsc::MemoryLoad,
-    state::{self, Event as Transition, Status},
-};
+use chalk_runtime::state::{self, Event as Transition, Status};
 use containerd_shim::protos::{events::task::TaskStart, topics};
 
 use super::{launch::Launch, Sandboxes};
@@ -116,10 +113,7 @@ impl Sandboxes {
                 previous: None,
                 terminal,
                 signals: Some(crate::terminal::signals_for(c)),
-                memory: MemoryLoad {
-                    background: from.lazy,
-                    share_pages: from.share_pages,
-                },
+                memory: from.memory,
             },
         );
         // runsc has opened what it reads (or failed): containerd's copy can go.
@@ -129,7 +123,7 @@ impl Sandboxes {
         match (&launched, linked) {
             // The store's links go once runsc has loaded everything: it holds the files open
             // until then, and gc must not take their blobs meanwhile.
-            (Ok((pid, _)), Some(linked)) if from.lazy => {
+            (Ok((pid, _)), Some(linked)) if from.memory.background => {
                 let (this, c, pid) = (self.clone(), c.clone(), *pid as u32);
                 std::thread::spawn(move || {
                     let loaded = c.runtime.wait_restored(&c.id);
@@ -249,7 +243,7 @@ impl Sandboxes {
 /// runs: its store links stay (keeping gc off the blobs) until the container goes.
 fn keep_while_mapped(c: &Container, linked: RestoreDir) {
     match &c.restore_from {
-        Some(from) if from.share_pages => *from.linked.lock().unwrap() = Some(linked),
+        Some(from) if from.memory.share_pages => *from.linked.lock().unwrap() = Some(linked),
         _ => drop(linked),
     }
 }
