@@ -1,7 +1,8 @@
 //! Forks that share memory: on a runsc with `restore --share-pages` (the patch in
 //! packaging/gvisor, built by scripts/peers as runsc-cow), a snapshot's forks map its memory
-//! copy-on-write. Each fork's memory is checked page by page, the forks together hold no copy
-//! of it until one writes, and a snapshot of a fork restores. On a runsc without the flag the
+//! copy-on-write: process memory, and files in the sandbox's memory. Each fork's memory is
+//! checked page by page and each file by its sum, the forks together hold no copy of either
+//! until one writes, and a snapshot of a fork restores. On a runsc without the flag the
 //! cases are ignored: the rest of the suites cover it.
 
 use std::time::{Duration, Instant};
@@ -28,6 +29,7 @@ fn main() {
     let all = cases![
         forks_share_memory_until_they_write,
         a_snapshot_of_a_fork_restores_and_shares,
+        files_in_memory_share_until_written,
     ]
     .into_iter()
     .map(|c| c.ignored_if(!patched))
@@ -178,6 +180,127 @@ fn a_snapshot_of_a_fork_restores_and_shares(e: &Env) -> TestResult {
             let v = verify(e, id)?;
             ensure!(v == "ok 0", "{id}: {v}");
         }
+        Ok(())
+    })();
+    e.conclude(result, &ids, &snapshots)
+}
+
+/// Sums /tmp/fill in `id`.
+fn sum_of_fill(e: &Env, id: &str) -> Result<String, Failed> {
+    let out = sh(e, id, "sha256sum /tmp/fill")?;
+    Ok(out
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+fn files_in_memory_share_until_written(e: &Env) -> TestResult {
+    let src = "cowf-src";
+    let forks = ["cf-1", "cf-2", "cf-3"];
+    let grandchild = "cfg";
+    let mut ids = vec![src, grandchild];
+    ids.extend(forks);
+    for id in &ids {
+        e.remove(id);
+    }
+    let mut snapshots = Vec::new();
+    let result = (|| {
+        // Random data, so nothing but the snapshot can hold it; /tmp is in the sandbox's
+        // memory.
+        let fill = format!(
+            "dd if=/dev/urandom of=/tmp/fill bs=1048576 count={MB} iflag=fullblock 2>/dev/null \
+             && echo ready > /tmp/ready; exec sleep 100000"
+        );
+        let out = e.chalkctl(&[
+            "run",
+            "--net",
+            "none",
+            MEMFILL_IMAGE,
+            src,
+            "--",
+            "sh",
+            "-c",
+            &fill,
+        ]);
+        ensure!(out.code == 0, "run {src}: {out:?}");
+        wait_for(e, src, "/tmp/ready", Duration::from_secs(120), |s| {
+            s == "ready"
+        })?;
+        let sum = sum_of_fill(e, src)?;
+        let before = shmem_mb()?;
+        let out = e.chalkctl_json(&["fork", "--id", src, "--fork-id", "cf", "--count", "3"])?;
+        ensure!(out.to_string().contains("cf-3"), "fork: {out}");
+        for f in forks {
+            let got = sum_of_fill(e, f)?;
+            ensure!(
+                got == sum,
+                "{f}'s /tmp/fill after the fork sums to {got}, not {sum}"
+            );
+        }
+        let forked = shmem_mb()?;
+        ensure!(
+            forked.saturating_sub(before) < MB / 2,
+            "3 forks of a sandbox with {MB} MB of files grew the host's shared memory by {} MB \
+             ({before} -> {forked}): they hold copies",
+            forked.saturating_sub(before)
+        );
+        // A fork that rewrites part of the file gets its own copy of that part only; the
+        // others keep the snapshot's.
+        sh(
+            e,
+            forks[0],
+            "dd if=/dev/zero of=/tmp/fill bs=1048576 count=64 seek=16 conv=notrunc 2>/dev/null",
+        )?;
+        let rewritten = shmem_mb()?;
+        let grew = rewritten.saturating_sub(forked);
+        ensure!(
+            (48..MB / 2).contains(&grew),
+            "rewriting 64 MB of the file added {grew} MB of shared memory, not a copy of 64 MB"
+        );
+        let got = sum_of_fill(e, forks[0])?;
+        ensure!(
+            got != sum,
+            "{}: its rewrite left the sum unchanged",
+            forks[0]
+        );
+        let zeros = sh(
+            e,
+            forks[0],
+            "dd if=/tmp/fill bs=1048576 skip=16 count=64 2>/dev/null | tr -d '\\0' | wc -c",
+        )?;
+        ensure!(
+            zeros == "0",
+            "{}: the rewritten part is not zeros ({zeros} other bytes)",
+            forks[0]
+        );
+        // Truncation drops a fork's file without touching its siblings'.
+        sh(e, forks[2], ": > /tmp/fill")?;
+        let size = sh(e, forks[2], "wc -c < /tmp/fill")?;
+        ensure!(
+            size == "0",
+            "{}: /tmp/fill is {size} bytes after truncation",
+            forks[2]
+        );
+        for id in [forks[1], src] {
+            let got = sum_of_fill(e, id)?;
+            ensure!(
+                got == sum,
+                "{id}: after its siblings' writes, /tmp/fill sums to {got}"
+            );
+        }
+        // A snapshot of a fork copies the file into its memory first, and restores.
+        let snap = e.snapshot_of(forks[1])?;
+        snapshots.push(snap.clone());
+        e.chalkctl_json(&["fork", "--snapshot-id", &snap, "--fork-id", grandchild])?;
+        let got = sum_of_fill(e, grandchild)?;
+        ensure!(
+            got == sum,
+            "{grandchild}: a fork of a fork's snapshot sums to {got}"
+        );
+        testkit::note(format!(
+            "shmem {before} MB -> 3 forks {forked} MB -> one rewrote 64 MB {rewritten} MB"
+        ));
         Ok(())
     })();
     e.conclude(result, &ids, &snapshots)
