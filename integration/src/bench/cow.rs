@@ -52,31 +52,60 @@ impl<'a> Pair<'a> {
     }
 }
 
-/// Host memory in use, MB: MemTotal less MemFree once the page cache that nothing maps is
-/// dropped, so that a snapshot's pages mapped by its forks count once and nothing else cached
-/// counts at all.
-///
-/// Memory freed by sandboxes that just ended reaches MemFree over seconds: it reads again until
-/// two readings a second apart agree within 16 MB (at most 30 s).
-fn used_mb() -> f64 {
+/// Host memory, MB, once the page cache that nothing maps is dropped: `used` is MemTotal less
+/// MemFree, so that a snapshot's pages mapped by its forks count once and nothing else cached
+/// counts at all; the rest say where it is.
+#[derive(Clone, Copy, Default)]
+struct Mem {
+    used: f64,
+    /// memfds: each sandbox's own memory.
+    shmem: f64,
+    /// Mapped file pages other than memfds: the snapshot's pages files, binaries.
+    mapped_files: f64,
+    /// The host processes' own memory: sentries, gofers, shims.
+    anon: f64,
+}
+
+impl std::ops::Sub for Mem {
+    type Output = Mem;
+    fn sub(self, o: Mem) -> Mem {
+        Mem {
+            used: self.used - o.used,
+            shmem: self.shmem - o.shmem,
+            mapped_files: self.mapped_files - o.mapped_files,
+            anon: self.anon - o.anon,
+        }
+    }
+}
+
+/// Reads [`Mem`]. Memory freed by sandboxes that just ended reaches MemFree over seconds: it
+/// reads again until three readings a second apart agree within 16 MB (at most 60 s).
+fn host_memory() -> Mem {
     let read = || {
         // SAFETY: sync(2) takes no arguments and cannot fail.
         unsafe { libc::sync() };
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
         let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let field = |key: &str| meminfo_kb(&text, key).unwrap_or(0) as f64;
-        (field("MemTotal:") - field("MemFree:")) / 1024.0
+        let mb = |key: &str| meminfo_kb(&text, key).unwrap_or(0) as f64 / 1024.0;
+        Mem {
+            used: mb("MemTotal:") - mb("MemFree:"),
+            shmem: mb("Shmem:"),
+            // Mapped counts mapped memfd pages too.
+            mapped_files: (mb("Mapped:") - mb("Shmem:")).max(0.0),
+            anon: mb("AnonPages:"),
+        }
     };
-    let mut last = read();
-    for _ in 0..30 {
+    let mut seen = vec![read()];
+    for _ in 0..60 {
         std::thread::sleep(Duration::from_secs(1));
         let now = read();
-        if (now - last).abs() < 16.0 {
+        seen.push(now);
+        let recent = &seen[seen.len().saturating_sub(3)..];
+        if recent.len() == 3 && recent.iter().all(|m| (now.used - m.used).abs() < 16.0) {
             return now;
         }
-        last = now;
     }
-    last
+    seen[seen.len() - 1]
 }
 
 /// A sandbox holding `mb` MB of `kind`, snapshotted and removed: the snapshot's digest.
@@ -130,14 +159,21 @@ fn remove_all(chalk: &ViaCtr, ids: &[String]) {
 
 type Row = (String, Unit, Vec<f64>);
 
-/// Host memory with 1, 8 and 16 forks of one snapshot of `mb` MB, for each kind and runsc.
-fn memory_rows(pair: &Pair, mb: u64, counts: &[usize], rows: &mut Vec<Row>) -> Result<(), String> {
+/// Host memory with 1, 8 and 16 forks of one snapshot of `mb` MB, for each kind and runsc;
+/// where the memory is, for `breakdown`.
+fn memory_rows(
+    pair: &Pair,
+    mb: u64,
+    counts: &[usize],
+    rows: &mut Vec<Row>,
+    breakdown: &mut Vec<String>,
+) -> Result<(), String> {
     for kind in [Kind::Process, Kind::Files] {
         for (runsc, chalk) in pair.both() {
             let digest = snapshot_of(chalk, kind, mb, "cowm-src")?;
             let mut ids = Vec::new();
             let measured = (|| {
-                let base = used_mb();
+                let base = host_memory();
                 let mut out = Vec::new();
                 for (batch, &n) in counts.iter().enumerate() {
                     let more = n - ids.len();
@@ -146,20 +182,29 @@ fn memory_rows(pair: &Pair, mb: u64, counts: &[usize], rows: &mut Vec<Row>) -> R
                     fork(chalk, &digest, &prefix, more)?;
                     // Let background loading end before measuring.
                     std::thread::sleep(Duration::from_secs(3));
-                    out.push((n, used_mb() - base));
+                    out.push((n, host_memory() - base));
                 }
                 Ok::<_, String>(out)
             })();
             remove_all(chalk, &ids);
             chalk.delete_snapshot(&digest);
-            for (n, used) in measured? {
+            for (n, grew) in measured? {
                 rows.push((
                     format!(
                         "host memory, {n} forks, {mb} MB of {}, {runsc}",
                         kind.name()
                     ),
                     Unit::Megabytes,
-                    vec![used],
+                    vec![grew.used],
+                ));
+                breakdown.push(format!(
+                    "{n} forks of {}, {runsc}: {:+.0} MB used, of which memfds {:+.0}, mapped \
+                     files {:+.0}, processes {:+.0}",
+                    kind.name(),
+                    grew.used,
+                    grew.shmem,
+                    grew.mapped_files,
+                    grew.anon
                 ));
             }
         }
@@ -275,7 +320,8 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
     } else {
         (1024, &[1, 8, 16], &[256, 1024, 4096])
     };
-    memory_rows(pair, mb, counts, &mut rows)?;
+    let mut breakdown = Vec::new();
+    memory_rows(pair, mb, counts, &mut rows, &mut breakdown)?;
     fork_time_rows(pair, sizes, reps, &mut rows)?;
     rewrite_rows(pair, mb, reps, &mut rows)?;
     let median = |label: &str| {
@@ -314,8 +360,10 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
              the same before the first fork (so the snapshot's pages, mapped by the forks, \
              count once). Fork to running: `chalkctl fork --snapshot-id`, {reps} forks each. \
              Rewrite: a fork that writes every page of its memory at once, from the fork's \
-             start to the rewrite's end. {}.",
-            ratios.join("; ")
+             start to the rewrite's end. {}. Where the memory went (the growth of MemTotal less \
+             MemFree; of Shmem; of Mapped less Shmem; of AnonPages): {}.",
+            ratios.join("; "),
+            breakdown.join("; ")
         ),
         rows,
     })
