@@ -25,6 +25,15 @@ impl Kind {
         }
     }
 
+    /// A shell command that reads all of this memory in the sandbox, once.
+    fn read_all(self) -> &'static str {
+        match self {
+            // memfill checks every page on SIGUSR1 and then writes /tmp/verified.
+            Kind::Process => "rm -f /tmp/verified; kill -USR1 1",
+            Kind::Files => "cat /tmp/fill > /dev/null && touch /tmp/verified",
+        }
+    }
+
     fn command(self, mb: u64) -> Vec<String> {
         match self {
             Kind::Process => memfill::command(mb),
@@ -151,6 +160,27 @@ fn fork(chalk: &ViaCtr, digest: &str, prefix: &str, count: usize) -> Result<Dura
     .0)
 }
 
+/// Has each of `ids` read all of its `kind` of memory.
+fn read_all(chalk: &ViaCtr, kind: Kind, ids: &[String]) -> Result<(), String> {
+    for id in ids {
+        let out = chalk.c.ctr([
+            "task",
+            "exec",
+            "--exec-id",
+            "read-all",
+            id,
+            "sh",
+            "-c",
+            kind.read_all(),
+        ]);
+        if out.code != 0 {
+            return Err(format!("{id}: reading its memory: {out:?}"));
+        }
+        chalk.wait_file(id, "/tmp/verified", Duration::from_secs(600))?;
+    }
+    Ok(())
+}
+
 fn remove_all(chalk: &ViaCtr, ids: &[String]) {
     for id in ids {
         chalk.remove(id);
@@ -182,23 +212,27 @@ fn memory_rows(
                     fork(chalk, &digest, &prefix, more)?;
                     // Let background loading end before measuring.
                     std::thread::sleep(Duration::from_secs(3));
-                    out.push((n, host_memory() - base));
+                    out.push((format!("{n} forks"), host_memory() - base));
                 }
+                // Forks that read all of their memory map all of the snapshot's pages: one
+                // copy, shared.
+                read_all(chalk, kind, &ids)?;
+                out.push((
+                    format!("{} forks that each read all of it", ids.len()),
+                    host_memory() - base,
+                ));
                 Ok::<_, String>(out)
             })();
             remove_all(chalk, &ids);
             chalk.delete_snapshot(&digest);
-            for (n, grew) in measured? {
+            for (forks, grew) in measured? {
                 rows.push((
-                    format!(
-                        "host memory, {n} forks, {mb} MB of {}, {runsc}",
-                        kind.name()
-                    ),
+                    format!("host memory, {forks}, {mb} MB of {}, {runsc}", kind.name()),
                     Unit::Megabytes,
                     vec![grew.used],
                 ));
                 breakdown.push(format!(
-                    "{n} forks of {}, {runsc}: {:+.0} MB used, of which memfds {:+.0}, mapped \
+                    "{forks} of {}, {runsc}: {:+.0} MB used, of which memfds {:+.0}, mapped \
                      files {:+.0}, processes {:+.0}",
                     kind.name(),
                     grew.used,
@@ -358,10 +392,12 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
              overlay), is snapshotted and removed; its forks come from the snapshot. Host \
              memory: MemTotal less MemFree after dropping the page cache nothing maps, against \
              the same before the first fork (so the snapshot's pages, mapped by the forks, \
-             count once). Fork to running: `chalkctl fork --snapshot-id`, {reps} forks each. \
-             Rewrite: a fork that writes every page of its memory at once, from the fork's \
-             start to the rewrite's end. {}. Where the memory went (the growth of MemTotal less \
-             MemFree; of Shmem; of Mapped less Shmem; of AnonPages): {}.",
+             count once); the forks are idle, and then each reads all of its memory (memfill's \
+             check of every page; `cat` of the file). Fork to running: `chalkctl fork \
+             --snapshot-id`, {reps} forks each. Rewrite: a fork that writes every page of its \
+             memory at once, from the fork's start to the rewrite's end. {}. Where the memory \
+             went (the growth of MemTotal less MemFree; of Shmem; of Mapped less Shmem; of \
+             AnonPages): {}.",
             ratios.join("; "),
             breakdown.join("; ")
         ),
