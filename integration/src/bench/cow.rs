@@ -61,18 +61,30 @@ impl<'a> Pair<'a> {
     }
 }
 
-/// Host memory, MB, once the page cache that nothing maps is dropped: `used` is MemTotal less
-/// MemFree, so that a snapshot's pages mapped by its forks count once and nothing else cached
-/// counts at all; the rest say where it is.
+/// Host memory, MB, once the page cache that nothing maps is dropped, so that a snapshot's
+/// pages mapped by its forks count once and nothing else cached counts at all.
 #[derive(Clone, Copy, Default)]
 struct Mem {
+    /// MemTotal less MemFree: everything, kernel caches and memory still being freed
+    /// included.
     used: f64,
     /// memfds: each sandbox's own memory.
     shmem: f64,
-    /// Mapped file pages other than memfds: the snapshot's pages files, binaries.
-    mapped_files: f64,
+    /// File pages that could not be dropped, memfds aside: mapped, as the snapshot's pages
+    /// files and binaries are.
+    files: f64,
     /// The host processes' own memory: sentries, gofers, shims.
     anon: f64,
+    /// Page tables and kernel stacks: what the kernel spends per process and mapping.
+    kernel: f64,
+}
+
+impl Mem {
+    /// What the sandboxes hold: their memfds, the file pages they map, their processes'
+    /// memory, and their page tables and kernel stacks.
+    fn held(&self) -> f64 {
+        self.shmem + self.files + self.anon + self.kernel
+    }
 }
 
 impl std::ops::Sub for Mem {
@@ -81,8 +93,9 @@ impl std::ops::Sub for Mem {
         Mem {
             used: self.used - o.used,
             shmem: self.shmem - o.shmem,
-            mapped_files: self.mapped_files - o.mapped_files,
+            files: self.files - o.files,
             anon: self.anon - o.anon,
+            kernel: self.kernel - o.kernel,
         }
     }
 }
@@ -99,9 +112,10 @@ fn host_memory() -> Mem {
         Mem {
             used: mb("MemTotal:") - mb("MemFree:"),
             shmem: mb("Shmem:"),
-            // Mapped counts mapped memfd pages too.
-            mapped_files: (mb("Mapped:") - mb("Shmem:")).max(0.0),
+            // Cached counts memfd pages too.
+            files: mb("Cached:") - mb("Shmem:"),
             anon: mb("AnonPages:"),
+            kernel: mb("PageTables:") + mb("KernelStack:"),
         }
     };
     let mut seen = vec![read()];
@@ -110,7 +124,7 @@ fn host_memory() -> Mem {
         let now = read();
         seen.push(now);
         let recent = &seen[seen.len().saturating_sub(3)..];
-        if recent.len() == 3 && recent.iter().all(|m| (now.used - m.used).abs() < 16.0) {
+        if recent.len() == 3 && recent.iter().all(|m| (now.held() - m.held()).abs() < 16.0) {
             return now;
         }
     }
@@ -229,16 +243,17 @@ fn memory_rows(
                 rows.push((
                     format!("host memory, {forks}, {mb} MB of {}, {runsc}", kind.name()),
                     Unit::Megabytes,
-                    vec![grew.used],
+                    vec![grew.held()],
                 ));
                 breakdown.push(format!(
-                    "{forks} of {}, {runsc}: {:+.0} MB used, of which memfds {:+.0}, mapped \
-                     files {:+.0}, processes {:+.0}",
+                    "{forks} of {}, {runsc}: memfds {:+.0} MB, files {:+.0}, processes {:+.0}, \
+                     page tables and stacks {:+.0}; MemTotal less MemFree {:+.0}",
                     kind.name(),
-                    grew.used,
                     grew.shmem,
-                    grew.mapped_files,
-                    grew.anon
+                    grew.files,
+                    grew.anon,
+                    grew.kernel,
+                    grew.used
                 ));
             }
         }
@@ -390,14 +405,16 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
              behind its own containerd, in one run. A source sandbox holds {mb} MB of process \
              memory (memfill's heap) or of files (`dd` into /tmp, in the memory-backed root \
              overlay), is snapshotted and removed; its forks come from the snapshot. Host \
-             memory: MemTotal less MemFree after dropping the page cache nothing maps, against \
-             the same before the first fork (so the snapshot's pages, mapped by the forks, \
-             count once); the forks are idle, and then each reads all of its memory (memfill's \
+             memory: what the sandboxes hold, from /proc/meminfo after dropping the page cache \
+             nothing maps, against the same before the first fork: Shmem (memfds), Cached less \
+             Shmem (file pages still cached, so mapped: the snapshot's pages count once), \
+             AnonPages, PageTables and KernelStack. MemTotal less MemFree moved by up to 500 MB \
+             either way between readings, beyond what these fields account for, so it is \
+             given below and not used. The forks are idle, and then each reads all of its memory (memfill's \
              check of every page; `cat` of the file). Fork to running: `chalkctl fork \
              --snapshot-id`, {reps} forks each. Rewrite: a fork that writes every page of its \
              memory at once, from the fork's start to the rewrite's end. {}. Where the memory \
-             went (the growth of MemTotal less MemFree; of Shmem; of Mapped less Shmem; of \
-             AnonPages): {}.",
+             went: {}.",
             ratios.join("; "),
             breakdown.join("; ")
         ),
