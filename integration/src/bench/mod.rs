@@ -11,7 +11,6 @@ pub mod via_ctr;
 
 use std::time::{Duration, Instant};
 
-/// Runs `f` and returns how long it took with what it returned.
 /// Field `key` (with its colon, e.g. `"MemFree:"`) of `meminfo`, the text of /proc/meminfo:
 /// its value in kB.
 pub fn meminfo_kb(meminfo: &str, key: &str) -> Option<u64> {
@@ -21,6 +20,7 @@ pub fn meminfo_kb(meminfo: &str, key: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// Runs `f` and returns how long it took with what it returned.
 pub fn timed<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<(Duration, T), E> {
     let started = Instant::now();
     let out = f()?;

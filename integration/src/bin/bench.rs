@@ -268,7 +268,7 @@ fn run(o: &Opts) -> Result<(), String> {
     if o.runs("memory") {
         notes.push(writeback_note());
     }
-    if plot.is_none() {
+    if plot.is_none() && !points.is_empty() {
         notes.push("No plot: gnuplot is not installed (`scripts/bench` installs it).".into());
     }
     notes.push(format!(
@@ -1043,8 +1043,13 @@ fn write_noise(path: &Path, bytes: u64) -> Result<(), String> {
     f.flush().map_err(|e| e.to_string())
 }
 
-/// Draws memory.png with gnuplot; None when gnuplot is missing or fails.
+/// Draws memory.png with gnuplot; None when there is nothing to plot, or gnuplot is missing
+/// or fails.
 fn plot(out: &Path, points: &[PlotPoint], runsc: &str) -> Option<String> {
+    // A run without the memory group (`--only cow`) has nothing to plot.
+    if points.is_empty() {
+        return None;
+    }
     let data = out.join("memory.dat");
     std::fs::write(&data, report::plot_data(points)).ok()?;
     let png = out.join("memory.png");
