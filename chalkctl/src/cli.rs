@@ -419,6 +419,13 @@ pub enum SnapshotCommand {
         /// chalk.io/restore-from asks for), where this host, its runsc and the registry allow.
         #[arg(long)]
         lazy: bool,
+        /// The Kubernetes namespace the copy is pulled for (the shim, for a pod): its owner
+        /// on this host.
+        #[arg(long, value_name = "NAMESPACE")]
+        pulled_for: Option<String>,
+        /// Give up (cleanly) if the pull has not ended within this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<u64>,
         #[command(flatten)]
         registry: RegistryArgs,
     },

@@ -60,6 +60,13 @@ pub const NETWORK_DEFAULT_ANNOTATION: &str = "chalk.io/network-default";
 
 // Container labels.
 
+/// On a pod sandbox container's record: the agent-sandbox Sandbox whose suspend is being
+/// taken. Written by the node agent just before it snapshots a pod (the Sandbox's name, or
+/// empty for any other snapshot it takes); read by the shim, which records it in the
+/// snapshot's owner. A pod's own labels reach containerd's records too, so only the agent's
+/// write just before its snapshot counts.
+pub const OWNER_SANDBOX_LABEL: &str = "chalk.io/owner-sandbox";
+
 /// When a sandbox's lifetime ends (RFC 3339, UTC). Written by the shim when the sandbox
 /// starts; read by chalkctl (`ls`, `get`) and chalk-web.
 pub const EXPIRES_AT_LABEL: &str = "chalk.io/expires-at";
@@ -160,6 +167,7 @@ pub const ALL: &[&str] = &[
     NETWORK_ANNOTATION,
     PORTS_ANNOTATION,
     NETWORK_DEFAULT_ANNOTATION,
+    OWNER_SANDBOX_LABEL,
     EXPIRES_AT_LABEL,
     ADDRESS_LABEL,
     NO_NETWORK_LABEL,

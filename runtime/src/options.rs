@@ -18,6 +18,7 @@
 //! store = "/var/lib/chalk/snapshots" # where chalkctl's snapshots are kept, as blobs
 //! lazy_restore = true              # let restores run before all memory is loaded, where runsc can
 //! share_pages = true               # forks of one snapshot share its memory until they write, where runsc can
+//! max_pull_bytes = 68719476736     # the most a pull may bring (declared sizes, checked first)
 //! [restore_from]                   # pods annotated chalk.io/restore-from start from a snapshot
 //! enabled = false
 //! namespaces = ["agents"]          # the Kubernetes namespaces allowed ("*": any)
@@ -25,6 +26,13 @@
 //! hosts_dir = "/etc/containerd/certs.d" # registries a `REF@sha256:…` is pulled from
 //! docker_config = "/etc/chalk/registry" # its config.json: the node's registry credentials
 //! pull_secs = 300                  # how long that pull may take
+//! registries = ["reg.example/snaps/{namespace}"] # where a namespace's pods may pull from
+//! suspend_to = "reg.example/sandboxes" # agent-sandbox: a pod resumes only from SUSPEND_TO/NS/POD
+//! pull_memory_bytes = 536870912    # the memory of a pod's pull (its cgroup, chalk-pulls)
+//! [[restore_from.shared]]          # golden snapshots an administrator shares
+//! digests = ["sha256:…"]
+//! prefixes = ["reg.example/golden"]
+//! namespaces = ["*"]
 //! [encryption]                     # see chalk_runtime::trust
 //! identities = "/etc/chalk/snapshot.key" # age identities that open encrypted snapshots (0600)
 //! [network]                        # CNI networks sandboxes ask for (chalk.io/network)
@@ -124,6 +132,14 @@ pub struct SnapshotOptions {
     /// copy-on-write, so its forks share it until they write (off: each has its own copy).
     #[serde(default = "yes")]
     pub share_pages: bool,
+    /// The most a pull may bring to this host (a snapshot's blobs and its base image's, as
+    /// the registry declares them), checked before anything is fetched.
+    #[serde(default = "default_max_pull_bytes")]
+    pub max_pull_bytes: u64,
+}
+
+fn default_max_pull_bytes() -> u64 {
+    64 << 30
 }
 
 fn default_store() -> PathBuf {
@@ -141,6 +157,7 @@ impl Default for SnapshotOptions {
             store: default_store(),
             lazy_restore: true,
             share_pages: true,
+            max_pull_bytes: default_max_pull_bytes(),
         }
     }
 }
@@ -234,7 +251,14 @@ impl RuntimeOptions {
         }
         self.encryption.validate()?;
         self.trust.validate()?;
+        crate::pod_restore::policy::validate(&self.restore_from)?;
         self.runsc_flags().map(|_| ())
+    }
+
+    /// The `[trust]` policy in effect: what no rule covers is refused on a node that starts
+    /// pods from snapshots, unless `[trust] default` says otherwise.
+    pub fn trust_policy(&self) -> crate::trust::TrustOptions {
+        self.trust.with_default(self.restore_from.enabled)
     }
 
     /// The `[runsc_config]` table as global runsc flags, in a stable (sorted) order.

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [trust]
-//! default = "allow"                       # references no rule's scope covers
+//! default = "refuse"                      # references no rule's scope covers
 //! [[trust.rules]]
 //! scope = "registry.example:5000/agents"  # a registry, or a registry/repository prefix
 //! keys = ["/etc/chalk/trust/agents.pub"]  # PEM public keys (P-256, as cosign's)
@@ -13,7 +13,13 @@
 //! ```
 //!
 //! The most specific scope decides: `reg:5000/a/b` is covered by `reg:5000/a` and by
-//! `reg:5000`, not by `reg:5000/ab`.
+//! `reg:5000`, not by `reg:5000/ab`. Scopes and references are compared in one form
+//! ([`crate::registry_name`]): `Reg.Example:443/a` is `reg.example/a`.
+//!
+//! Without `default`, a node that lets pods start from snapshots (`[restore_from] enabled`)
+//! refuses what no rule covers: no registry snapshot reaches a pod unless the administrator
+//! said which may. Elsewhere (a workstation's chalkctl) the default is to allow, as before
+//! policies existed.
 
 use std::path::PathBuf;
 
@@ -30,11 +36,15 @@ pub enum Verdict {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrustOptions {
-    /// What happens to a snapshot no rule covers (allow: as before policies existed).
-    #[serde(default)]
-    pub default: Verdict,
+    /// What happens to a snapshot no rule covers; unset: see [`TrustOptions::with_default`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Verdict>,
     #[serde(default)]
     pub rules: Vec<Rule>,
+    /// Set by [`TrustOptions::with_default`] when the refusal of what no rule covers is
+    /// implied by `[restore_from]` rather than written: its refusals say how to allow.
+    #[serde(skip)]
+    pub implied: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,8 +88,9 @@ impl EncryptionOptions {
 pub enum Requirement<'a> {
     /// No rule covers it, and the default lets it in.
     Open,
-    /// No rule covers it, and the default refuses it.
-    Closed,
+    /// No rule covers it, and the default refuses it (`implied`: by `[restore_from]`, as no
+    /// default is written).
+    Closed { implied: bool },
     /// Rule `index` (of `[[trust.rules]]`, from 1) covers it.
     Rule { index: usize, rule: &'a Rule },
 }
@@ -113,29 +124,42 @@ impl TrustOptions {
         Ok(())
     }
 
+    /// The policy in effect on a node that does (`restores_pods`) or does not let pods start
+    /// from snapshots: an unset default refuses on such a node, and allows elsewhere.
+    pub fn with_default(&self, restores_pods: bool) -> TrustOptions {
+        let mut t = self.clone();
+        if t.default.is_none() {
+            t.default = Some(if restores_pods {
+                Verdict::Refuse
+            } else {
+                Verdict::Allow
+            });
+            t.implied = restores_pods;
+        }
+        t
+    }
+
     /// The rule with the most specific scope covering `registry`/`repository`.
     pub fn requirement(&self, registry: &str, repository: &str) -> Requirement<'_> {
         let name = format!("{registry}/{repository}");
-        let covers = |scope: &str| {
-            name == scope
-                || (name.starts_with(scope) && name.as_bytes().get(scope.len()) == Some(&b'/'))
-        };
         let best = self
             .rules
             .iter()
             .enumerate()
-            .filter(|(_, r)| covers(&r.scope))
-            .max_by_key(|(_, r)| r.scope.len());
+            .filter(|(_, r)| crate::registry_name::covers(&r.scope, &name))
+            .max_by_key(|(_, r)| crate::registry_name::canonical(&r.scope).len());
         match best {
             Some((i, rule)) => Requirement::Rule { index: i + 1, rule },
-            None if self.default == Verdict::Refuse => Requirement::Closed,
+            None if self.default == Some(Verdict::Refuse) => Requirement::Closed {
+                implied: self.implied,
+            },
             None => Requirement::Open,
         }
     }
 
     /// Whether any snapshot pulled at all needs its signatures looked at.
     pub fn is_open(&self) -> bool {
-        self.rules.is_empty() && self.default == Verdict::Allow
+        self.rules.is_empty() && self.default != Some(Verdict::Refuse)
     }
 }
 
@@ -144,8 +168,16 @@ impl Requirement<'_> {
     pub fn describe(&self) -> String {
         match self {
             Requirement::Open => "[trust] default = \"allow\"".into(),
-            Requirement::Closed => {
+            Requirement::Closed { implied: false } => {
                 "[trust] default = \"refuse\" (no [[trust.rules]] scope covers it)".into()
+            }
+            Requirement::Closed { implied: true } => {
+                "no [[trust.rules]] scope covers it, and a node that starts pods from snapshots \
+                 ([restore_from] enabled) refuses what no rule covers unless [trust] says \
+                 otherwise: add a [[trust.rules]] with its registry or repository as scope and \
+                 the keys that sign it (or unsigned = \"allow\"), or set [trust] default = \
+                 \"allow\""
+                    .into()
             }
             Requirement::Rule { index, rule } => format!(
                 "[[trust.rules]] #{index} (scope {:?}, keys [{}], unsigned = \"{}\")",
@@ -200,6 +232,8 @@ mod tests {
         assert_eq!(index("teammate"), 1);
         assert_eq!(index("other"), 1);
         assert_eq!(t.requirement("elsewhere", "team"), Requirement::Open);
+        // Another spelling of the same registry is the same scope.
+        assert_eq!(index_of(&t, "REG:5000", "team/web"), 2);
         let Requirement::Rule { rule, .. } = t.requirement("reg:5000", "team") else {
             unreachable!()
         };
@@ -207,12 +241,41 @@ mod tests {
         assert!(t.requirement("reg:5000", "team").describe().contains("#2"));
     }
 
+    fn index_of(t: &TrustOptions, registry: &str, repo: &str) -> usize {
+        match t.requirement(registry, repo) {
+            Requirement::Rule { index, .. } => index,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_closed_default_refuses_what_no_rule_covers() {
         let t = policy("[trust]\ndefault = \"refuse\"\n");
-        assert_eq!(t.requirement("reg", "x"), Requirement::Closed);
+        assert_eq!(
+            t.requirement("reg", "x"),
+            Requirement::Closed { implied: false }
+        );
         assert!(!t.is_open());
         assert!(TrustOptions::default().is_open());
+    }
+
+    #[test]
+    fn a_node_that_restores_pods_refuses_unless_told_otherwise() {
+        let unset = TrustOptions::default();
+        let pods = unset.with_default(true);
+        let closed = pods.requirement("reg", "x");
+        assert_eq!(closed, Requirement::Closed { implied: true });
+        assert!(closed.describe().contains("[[trust.rules]]"));
+        assert!(closed.describe().contains("default = \"allow\""));
+        assert_eq!(
+            unset.with_default(false).requirement("reg", "x"),
+            Requirement::Open
+        );
+        let written = policy("[trust]\ndefault = \"allow\"\n");
+        assert_eq!(
+            written.with_default(true).requirement("reg", "x"),
+            Requirement::Open
+        );
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub fn path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("chalkctl"))
 }
 
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
 /// What one chalkctl run ended with: its exit status and what it wrote to stderr.
 pub struct Outcome {
     pub status: i32,
@@ -33,6 +35,9 @@ pub struct Target<'a> {
     pub address: &'a str,
     pub namespace: &'a str,
     pub env: &'a [(&'a str, &'a std::ffi::OsStr)],
+    /// Run in the pulls' cgroup with this much memory (a pod's pull: what it fetches and
+    /// serves comes from a stranger).
+    pub memory_max: Option<u64>,
 }
 
 /// Runs chalkctl against `to` with `args`; its stderr goes through `log_file` (removed
@@ -53,6 +58,16 @@ pub fn run(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
+    if let Some(max) = to.memory_max {
+        crate::pull_cgroup::PullCgroup::prepare(Path::new(CGROUP_ROOT), max)
+            .and_then(|c| c.place(&mut cmd))
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("the pulls' cgroup under {CGROUP_ROOT}: {e}"),
+                )
+            })?;
+    }
     let status = ReaperSpawner
         .spawn(&mut cmd)
         .and_then(|child| wait_for(child, timeout));

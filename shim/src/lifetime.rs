@@ -74,6 +74,7 @@ fn expire(ctx: &Context, c: &Container, lifetime: Lifetime) {
             address: &ctx.address,
             namespace: &ctx.namespace,
             env: &[],
+            memory_max: None,
         };
         match chalkctl::run(&to, &args, &log_file, EXPIRE_TIMEOUT) {
             Ok(done) if done.status == 0 => return,

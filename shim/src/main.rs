@@ -15,6 +15,7 @@ mod logger;
 mod metrics;
 mod oom;
 mod private_mounts;
+mod pull_cgroup;
 mod reaper;
 mod rootfs;
 mod runtime_options;

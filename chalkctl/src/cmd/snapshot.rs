@@ -135,12 +135,20 @@ pub fn run(cli: &Cli, command: &Command) -> Result<Value> {
         Command::Snapshot(SnapshotCommand::Pull {
             reference,
             lazy,
+            pulled_for,
+            timeout,
             registry,
         }) => {
             let access = if *lazy {
                 registry.access_lazy(false)
             } else {
                 registry.access()
+            };
+            let access = remote::Access {
+                pulled_for: pulled_for.clone(),
+                deadline: timeout
+                    .map(|s| std::time::Instant::now() + std::time::Duration::from_secs(s)),
+                ..access
             };
             let pulled = pull::pull(&mut client, &access, reference, &progress)?;
             if table {
@@ -265,7 +273,7 @@ fn keys_and_signatures(cli: &Cli, command: &SnapshotCommand) -> Result<Value> {
             key,
             registry,
         } if key.is_empty() => {
-            let policy = options(cli)?.trust;
+            let policy = options(cli)?.trust_policy();
             let (digest, verdict) =
                 remote::trust::judge_reference(&registry.access(), &policy, reference)?;
             let verdict = verdict.unwrap_or_else(|| "no policy applies: allowed".to_string());

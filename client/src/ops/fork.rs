@@ -260,7 +260,7 @@ pub fn fork(
     opts: &ForkOptions,
     progress: &Progress,
 ) -> Result<Vec<Forked>> {
-    let (snap, p) = forkable(client, query, opts, count)?;
+    let (snap, p) = forkable(client, query, opts, count, progress)?;
     let Planned { ids, names, stamp } = plan(client, id, &snap.sandbox_id, count, opts)?;
     let workers = pool_size(count);
     progress.step(&format!(
@@ -335,6 +335,7 @@ fn forkable(
     query: &str,
     opts: &ForkOptions,
     count: usize,
+    progress: &Progress,
 ) -> Result<(Snapshot, Parts)> {
     let snap = snapshots::find(client, query)?;
     match snap.status {
@@ -357,14 +358,14 @@ fn forkable(
         }
     }
     let mut p = parts(client, &snap.index)?;
+    p.source = snap.sandbox_id.clone();
+    p.members = pod_members(p.manifest.as_ref())?;
     if snap
         .labels
         .contains_key(crate::records::registry::PULLED_FROM)
     {
-        check_foreign_spec(&spec_json(&p)?)?;
+        rebuild_foreign(&mut p, client.namespace(), &snap.sandbox_id, progress)?;
     }
-    p.source = snap.sandbox_id.clone();
-    p.members = pod_members(p.manifest.as_ref())?;
     p.lifetime = opts.clone();
     check_memory(
         memory_of(p.manifest.as_ref()),
@@ -386,7 +387,7 @@ pub fn fork_to(
     io: &Stdio,
     size: Option<(u32, u32)>,
 ) -> Result<u32> {
-    let (snap, p) = forkable(client, query, opts, 1)?;
+    let (snap, p) = forkable(client, query, opts, 1, &Progress::quiet())?;
     check_ids(Some(new), &snap.sandbox_id, 1)?;
     client.lease(&format!("chalkctl-fork-{new}"))?;
     let pid = one(client, &p, new, None, &snap.digest, Some((io, size)));
@@ -656,47 +657,34 @@ pub(crate) fn undo(client: &Client, snapshotter: &str, id: &str) {
     client.remove_snapshot(snapshotter, id);
 }
 
-/// Refuses a spec that came with a snapshot from a registry when it would reach this host
-/// further than an image can: bind mounts of host paths, or joining namespaces of processes
-/// already here (a restore must not widen what a sandbox may reach, and the source's host
-/// is not this one).
-pub fn check_foreign_spec(spec: &Value) -> Result<()> {
-    let binds: Vec<String> = spec["mounts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| chalk_runtime::spec::is_bind_mount(m))
-        .map(|m| {
-            format!(
-                "{} on {}",
-                m["source"].as_str().unwrap_or("?"),
-                m["destination"].as_str().unwrap_or("?")
-            )
-        })
-        .collect();
-    let joins: Vec<String> = spec["linux"]["namespaces"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["path"].as_str().is_some_and(|p| !p.is_empty()))
-        .map(|n| format!("{} ({})", n["type"].as_str().unwrap_or("?"), n["path"]))
-        .collect();
-    if binds.is_empty() && joins.is_empty() {
-        return Ok(());
+/// Rebuilds the specs a snapshot pulled from a registry brought (its sandbox's, and each pod
+/// member's) from the allow-list of `chalk_runtime::foreign_spec`, each placed in this
+/// client's namespace's cgroup tree (`/<namespace>/<id>`, as containerd places a container):
+/// nothing of them acts on this host. Refused when one binds host paths or joins namespaces
+/// here; what was left out is said.
+pub(crate) fn rebuild_foreign(
+    p: &mut Parts,
+    namespace: &str,
+    source: &str,
+    progress: &Progress,
+) -> Result<()> {
+    let rebuild = |spec: &Value, id: &str, what: &str| -> Result<Value> {
+        let r = chalk_runtime::foreign_spec::rebuild(spec, Some(&format!("/{namespace}/{id}")))
+            .map_err(|e| Error::from(format!("{what}: {e}")))?;
+        if !r.dropped.is_empty() {
+            progress.step(&format!(
+                "{what} came from elsewhere: rebuilt without {}",
+                r.dropped.join(", ")
+            ));
+        }
+        Ok(r.spec)
+    };
+    let spec = rebuild(&spec_json(p)?, source, "the snapshot's spec")?;
+    p.spec.value = serde_json::to_vec(&spec).map_err(|e| Error::from(e.to_string()))?;
+    for m in &mut p.members {
+        m.spec = rebuild(&m.spec, &m.id, &format!("pod container {}'s spec", m.name))?;
     }
-    let mut what = Vec::new();
-    if !binds.is_empty() {
-        what.push(format!("binds host paths {}", binds.join(", ")));
-    }
-    if !joins.is_empty() {
-        what.push(format!("joins existing namespaces {}", joins.join(", ")));
-    }
-    Err(format!(
-        "the snapshot came from a registry and its spec {}: a sandbox made from it here would \
-         reach this host's files or processes; refused (snapshot a sandbox without them to move it)",
-        what.join("; ")
-    )
-    .into())
+    Ok(())
 }
 
 #[cfg(test)]
@@ -728,19 +716,46 @@ mod tests {
     }
 
     #[test]
-    fn a_foreign_spec_may_not_reach_the_host() {
-        let plain = serde_json::json!({
-            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}]}});
-        assert!(check_foreign_spec(&plain).is_ok());
-        let bind = serde_json::json!(
-            {"mounts": [{"destination": "/data", "source": "/", "options": ["rbind"]}]});
-        let err = check_foreign_spec(&bind).unwrap_err().to_string();
-        assert!(err.contains("binds host paths / on /data"), "{err}");
-        let join = serde_json::json!(
-            {"linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}]}});
-        let err = check_foreign_spec(&join).unwrap_err().to_string();
-        assert!(err.contains("joins existing namespaces network"), "{err}");
+    fn a_foreign_snapshots_specs_are_rebuilt_for_its_sandbox_and_members() {
+        let hostile = serde_json::json!({
+            "process": {"args": ["sh"]},
+            "hooks": {"prestart": [{"path": "/bin/sh"}]},
+            "linux": {"devices": [{"path": "/dev/sda"}], "cgroupsPath": "/"}
+        });
+        let mut p = Parts {
+            checkpoint: Descriptor::default(),
+            source: "web".into(),
+            members: vec![PodMember {
+                id: "side-1".into(),
+                name: "side".into(),
+                image: "i".into(),
+                image_digest: None,
+                spec: hostile.clone(),
+            }],
+            lifetime: ForkOptions::default(),
+            spec: prost_types::Any {
+                type_url: "t".into(),
+                value: serde_json::to_vec(&hostile).unwrap(),
+            },
+            snapshotter: String::new(),
+            image: String::new(),
+            base: Descriptor::default(),
+            chain_id: String::new(),
+            manifest: None,
+        };
+        rebuild_foreign(&mut p, "default", "web", &Progress::quiet()).unwrap();
+        let spec = spec_json(&p).unwrap();
+        assert!(spec.get("hooks").is_none() && spec["linux"].get("devices").is_none());
+        assert_eq!(spec["linux"]["cgroupsPath"], "/default/web");
+        assert!(p.members[0].spec.get("hooks").is_none());
+        assert_eq!(p.members[0].spec["linux"]["cgroupsPath"], "/default/side-1");
+        p.members[0].spec["mounts"] =
+            serde_json::json!([{"destination": "/d", "type": "bind", "source": "/"}]);
+        let err = rebuild_foreign(&mut p, "default", "web", &Progress::quiet()).unwrap_err();
+        assert!(
+            err.to_string().contains("pod container side's spec"),
+            "{err}"
+        );
     }
 
     #[test]

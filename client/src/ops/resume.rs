@@ -1,7 +1,7 @@
 //! Resume: a suspended sandbox brought back from the snapshot it records, here or on a host
 //! that never knew it (its snapshot pulled from a registry).
 
-use super::fork::{check_foreign_spec, fork_container, parts, pod_members, spec_json, undo};
+use super::fork::{fork_container, parts, pod_members, rebuild_foreign, spec_json, undo};
 
 use crate::records::registry::Snapshot;
 use crate::stdio::keeper::{self, Keeping};
@@ -83,8 +83,6 @@ pub fn resume_here(
     progress: &Progress,
 ) -> Result<u32> {
     let mut p = parts(client, &snap.index)?;
-    let spec = spec_json(&p)?;
-    check_foreign_spec(&spec)?;
     if !pod_members(p.manifest.as_ref())?.is_empty() {
         return Err(format!(
             "snapshot {} is of a pod: a pod resumes on the host that ran it; fork it here \
@@ -99,6 +97,9 @@ pub fn resume_here(
         .map_or(snap.sandbox_id.clone(), |m| m.source.container_id.clone());
     chalk_runtime::ids::container_id(&id).map_err(|e| Error::from(e.to_string()))?;
     p.source = snap.sandbox_id.clone();
+    // It came from another host: its spec is rebuilt, never run as it came.
+    rebuild_foreign(&mut p, client.namespace(), &id, progress)?;
+    let spec = spec_json(&p)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
     let image = format!("{}@{}", p.image, p.base.digest);
     let mut container = fork_container(&p, &id, image, &p.base.digest, &spec, &snap.digest)?;

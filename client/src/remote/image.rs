@@ -84,15 +84,17 @@ pub fn push(
 }
 
 /// Makes image `d` whole in containerd and unpacked for `snapshotter`, fetching from `r`'s
-/// repository what the content store lacks (this platform's manifest of an index only).
-/// containerd's garbage collector keeps it through the labels each blob gets, from the
-/// snapshot record that names it.
+/// repository what the content store lacks (this platform's manifest of an index only), at
+/// most `max_bytes` as its manifest declares them. containerd's garbage collector keeps it
+/// through the labels each blob gets, from the snapshot record that names it.
+#[allow(clippy::too_many_arguments)]
 pub fn fetch(
     client: &Client,
     s: &Session,
     r: &Reference,
     d: &Descriptor,
     snapshotter: &str,
+    max_bytes: u64,
     t: &mut Transfer,
     progress: &Progress,
 ) -> Result<()> {
@@ -127,6 +129,16 @@ pub fn fetch(
         if !held(client, &b.digest)? {
             missing.push(b);
         }
+    }
+    let declared: u64 = missing.iter().map(|b| b.size.max(0) as u64).sum();
+    if missing.iter().any(|b| b.size < 0) || declared > max_bytes {
+        return Err(format!(
+            "base image {} declares {declared} bytes of blobs to fetch, more than the \
+             {max_bytes} a pull may bring ([snapshot] max_pull_bytes): refused, nothing of it \
+             was fetched",
+            d.digest
+        )
+        .into());
     }
     if !missing.is_empty() {
         progress.step(&format!(

@@ -13,7 +13,7 @@ pub mod moves;
 pub mod prune;
 pub mod pull;
 pub mod push;
-mod session;
+pub mod session;
 pub mod sign;
 pub mod trust;
 
@@ -39,6 +39,12 @@ pub struct Access {
     pub encrypt_to: Vec<String>,
     /// Pushes sign the pushed manifest with this key (PEM, P-256).
     pub sign_with: Option<PathBuf>,
+    /// When every registry call of a transfer must have ended (none: no limit but the
+    /// slowest rate a body may come in at, [`session::MIN_RATE`]).
+    pub deadline: Option<std::time::Instant>,
+    /// The Kubernetes namespace a pull is made for (a pod's `chalk.io/restore-from`): the
+    /// owner of the copy it leaves in the store.
+    pub pulled_for: Option<String>,
 }
 
 impl Access {
@@ -51,6 +57,8 @@ impl Access {
             lazy_server: None,
             encrypt_to: Vec::new(),
             sign_with: None,
+            deadline: None,
+            pulled_for: None,
         }
     }
 

@@ -3,15 +3,20 @@
 //! memory is fetched; blobs the store already has are not fetched again; each blob is
 //! checked against its digest on the way and the whole snapshot read back before its record
 //! is made. A pull that fails leaves no record, and its blobs go at the next gc.
-//! The `[trust]` policy decides from the manifest's digest and its signatures first; an
-//! encrypted snapshot is opened with the `[encryption]` keys (its memory then arrives whole).
+//! The `[trust]` policy decides from the manifest's digest and its signatures first, whether
+//! or not the snapshot is already here; an encrypted snapshot is opened with the
+//! `[encryption]` keys (its memory then arrives whole). What the registry declares is bounded
+//! before anything is fetched or sized: its two manifests must agree, and the blobs to fetch
+//! must fit `[snapshot] max_pull_bytes` and the store's free space.
 
 use chalk_runtime::hostcheck::{self, Host};
 use chalk_runtime::snapshot::{
     manifest::ImageRef,
     oci::{self, Descriptor, ImageManifest},
+    owner::{self, Owner},
     sealed::Sealed,
-    store::Store,
+    space,
+    store::{Origin, Store},
     Manifest,
 };
 use oci_client::RegistryOperation;
@@ -47,9 +52,21 @@ pub fn pull(
     progress: &Progress,
 ) -> Result<Pulled> {
     let r = super::reference(reference)?;
+    if let Some(ns) = access
+        .pulled_for
+        .as_deref()
+        .filter(|ns| !owner::is_namespace(ns))
+    {
+        return Err(format!(
+            "{ns:?} is not a Kubernetes namespace name (lower-case letters, digits and '-', at \
+             most 63)"
+        )
+        .into());
+    }
     let (s, bytes, pinned) = session::find_manifest(access, &r)?;
     let opts = client.options()?;
-    if let Some(verdict) = super::trust::enforce(&opts.trust, &s, &r, reference, &pinned)? {
+    if let Some(verdict) = super::trust::enforce(&opts.trust_policy(), &s, &r, reference, &pinned)?
+    {
         progress.step(&format!("{}: {verdict}", crate::progress::short(&pinned)));
     }
     let not_ours = |why: String| {
@@ -117,9 +134,31 @@ pub fn pull(
     s.login(&r, RegistryOperation::Pull)?;
     let chalk = small(&layout.chalk_manifest)?;
     let m = Manifest::parse(&chalk, store.root()).map_err(|e| Error::from(e.to_string()))?;
+    if !layout.lists(&m) {
+        return Err(not_ours(
+            "its layers and its chalk manifest list different files".to_string(),
+        ));
+    }
     let host = check_host(client, &m, reference)?;
     let spec = small(&layout.spec)?;
     let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
+    // What would arrive, as the registry declares it (an encrypted blob as sent).
+    let incoming: Vec<(String, u64)> = layout
+        .files
+        .iter()
+        .filter(|d| !store.has_blob(&d.digest))
+        .map(|d| {
+            let sent = sealed_of(d).map_or(d.size, |e| e.size.max(d.size));
+            (d.title().unwrap_or("a blob").to_string(), sent)
+        })
+        .collect();
+    let free = space::available(store.root())
+        .map_err(|e| Error::from(format!("free space of {}: {e}", store.root().display())))?;
+    space::check_incoming(&incoming, free, opts.snapshot.max_pull_bytes).map_err(|e| {
+        Error::from(format!(
+            "{reference} is refused: {e}; nothing was fetched but its manifests"
+        ))
+    })?;
 
     let name = registry::record_name(&m.source.sandbox_id, &crate::clock::now());
     client.lease(&format!(
@@ -138,7 +177,16 @@ pub fn pull(
         .clone()
         .ok_or_else(|| not_ours("it names no base image (subject)".to_string()))?;
     let base_desc = super::to_containerd(&base);
-    image::fetch(client, &s, &r, &base_desc, &snapshotter, &mut t, progress)?;
+    image::fetch(
+        client,
+        &s,
+        &r,
+        &base_desc,
+        &snapshotter,
+        opts.snapshot.max_pull_bytes,
+        &mut t,
+        progress,
+    )?;
 
     // The record comes first, in progress and holding the base image, as for a snapshot
     // taken here: a gc meanwhile keeps the ref it is about to get.
@@ -223,8 +271,9 @@ pub fn pull(
                             namespace: client.namespace().to_string(),
                             name: snapshot.name.clone(),
                         }),
+                        deadline_secs: lazy::deadline_secs(d.size),
                     };
-                    lazy::start(exe, &job)
+                    lazy::start(exe, &job, access.deadline)
                 };
                 match served {
                     Ok(()) => {
@@ -264,8 +313,15 @@ pub fn pull(
             }
         }
         let small: [&[u8]; 3] = [&chalk, &spec, &config];
+        let origin = Origin {
+            owner: Some(Owner::puller(
+                client.namespace(),
+                access.pulled_for.as_deref(),
+            )),
+            pulled_from: Some(r.whole()),
+        };
         let (_, stored) = store
-            .import(ingest, client.namespace(), &bytes, &small)
+            .import(ingest, client.namespace(), origin, &bytes, &small)
             .map_err(|e| Error::from(e.to_string()))?;
         let index = snapshots::record_index(client, &stored, &snapshotter)?;
         snapshot.status = Status::Completed;

@@ -101,16 +101,26 @@ pub fn check(s: &Session, r: &Reference, digest: &str, keys: &[PublicKey]) -> Re
             ));
             continue;
         };
-        match signature::signed_digest(&payload) {
-            Ok(d) if d == digest => {
+        let repository = format!("{}/{}", r.registry(), r.repository());
+        match signature::signed(&payload) {
+            Ok(v) if v.digest != digest => out.problems.push(format!(
+                "signature {n} (by {}) vouches for manifest {}, not this one: the manifest was \
+                 changed or swapped after signing",
+                key.path.display(),
+                v.digest
+            )),
+            Ok(v) if !signature::same_repository(&v.repository, &repository) => {
+                out.problems.push(format!(
+                    "signature {n} (by {}) was made for repository {}, not {repository}: the \
+                     snapshot was copied from where it was signed",
+                    key.path.display(),
+                    v.repository
+                ))
+            }
+            Ok(_) => {
                 out.signed_by = Some(key.path.clone());
                 return Ok(out);
             }
-            Ok(d) => out.problems.push(format!(
-                "signature {n} (by {}) vouches for manifest {d}, not this one: the manifest was \
-                 changed or swapped after signing",
-                key.path.display()
-            )),
             Err(e) => out.problems.push(format!("signature {n}: {e}")),
         }
     }
@@ -137,7 +147,7 @@ pub fn enforce(
     };
     let rule = match &req {
         Requirement::Open => return Ok(None),
-        Requirement::Closed => {
+        Requirement::Closed { .. } => {
             return Err(refuse(
                 "no rule covers its registry or repository".to_string(),
             ))

@@ -51,6 +51,7 @@ pub fn describe(
         memory_bytes: None,
         terminal: None,
         extra: Default::default(),
+        owner: None,
     })
 }
 

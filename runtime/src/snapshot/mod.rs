@@ -9,6 +9,7 @@ pub mod hash;
 pub mod isolation;
 pub mod manifest;
 pub mod oci;
+pub mod owner;
 pub mod pieces;
 pub mod sealed;
 pub mod signature;

@@ -140,6 +140,25 @@ pub struct Layout {
     pub subject: Option<Descriptor>,
 }
 
+impl Layout {
+    /// Whether its file layers are the files chalk manifest `m` lists: the same names, sizes
+    /// and digests, in order (a snapshot whose two manifests disagree is not one).
+    pub fn lists(&self, m: &super::Manifest) -> bool {
+        let from_layers = self.files.iter().map(|d| {
+            (
+                d.title().unwrap_or_default(),
+                d.size,
+                sha256_hex_of(&d.digest).unwrap_or_default(),
+            )
+        });
+        let from_manifest = m
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.size, f.sha256.as_str()));
+        from_layers.eq(from_manifest)
+    }
+}
+
 impl ImageManifest {
     /// An OCI manifest of a snapshot from its bytes, within the bounds of a chalk manifest
     /// (its size; a layer per file, two more).

@@ -34,8 +34,16 @@ pub fn payload(repo: &str, digest: &str) -> Vec<u8> {
     .expect("json serializes")
 }
 
-/// The manifest digest a payload vouches for.
-pub fn signed_digest(payload: &[u8]) -> Result<String, String> {
+/// What a payload vouches for: a manifest digest, in a repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    pub digest: String,
+    /// `identity.docker-reference`: the repository the signer signed it in (`host/path`).
+    pub repository: String,
+}
+
+/// What payload `payload` vouches for.
+pub fn signed(payload: &[u8]) -> Result<Signed, String> {
     let v: Value =
         serde_json::from_slice(payload).map_err(|e| format!("its payload is not JSON: {e}"))?;
     let critical = &v["critical"];
@@ -45,11 +53,30 @@ pub fn signed_digest(payload: &[u8]) -> Result<String, String> {
             critical["type"]
         ));
     }
-    critical["image"]["docker-manifest-digest"]
+    let digest = critical["image"]["docker-manifest-digest"]
         .as_str()
         .filter(|d| oci::sha256_hex_of(d).is_some())
-        .map(str::to_string)
-        .ok_or_else(|| "its payload names no sha256 manifest digest".to_string())
+        .ok_or_else(|| "its payload names no sha256 manifest digest".to_string())?;
+    let repository = critical["identity"]["docker-reference"]
+        .as_str()
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| "its payload names no repository (identity.docker-reference)".to_string())?;
+    Ok(Signed {
+        digest: digest.to_string(),
+        repository: repository.to_string(),
+    })
+}
+
+/// Whether a signature's repository (`identity.docker-reference`, which may carry a tag or
+/// digest) is `repository` (`host/path`), both in their one form.
+pub fn same_repository(signed: &str, repository: &str) -> bool {
+    let bare = signed.split_once('@').map_or(signed, |(r, _)| r);
+    // A tag follows the last ':' after the last '/' (a port comes before the first '/').
+    let bare = match bare.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') && r.contains('/') => r,
+        _ => bare,
+    };
+    crate::registry_name::canonical(bare) == crate::registry_name::canonical(repository)
 }
 
 /// One signature found: its payload's blob and the base64 signature over it.
@@ -119,12 +146,39 @@ mod tests {
             v["critical"]["identity"]["docker-reference"],
             "reg:5000/snaps"
         );
-        assert_eq!(signed_digest(&p).unwrap(), D);
+        let s = signed(&p).unwrap();
+        assert_eq!(
+            (s.digest.as_str(), s.repository.as_str()),
+            (D, "reg:5000/snaps")
+        );
         assert_eq!(tag_for(D).unwrap(), format!("sha256-{}.sig", &D[7..]));
         assert!(tag_for("sha256:xyz").is_none());
         let other = br#"{"critical":{"type":"something else","image":{}}}"#;
-        assert!(signed_digest(other).unwrap_err().contains("not \"cosign"));
-        assert!(signed_digest(b"{").unwrap_err().contains("not JSON"));
+        assert!(signed(other).unwrap_err().contains("not \"cosign"));
+        assert!(signed(b"{").unwrap_err().contains("not JSON"));
+        let nameless = format!(
+            r#"{{"critical":{{"type":"{KIND}","image":{{"docker-manifest-digest":"{D}"}}}}}}"#
+        );
+        assert!(signed(nameless.as_bytes())
+            .unwrap_err()
+            .contains("no repository"));
+    }
+
+    #[test]
+    fn a_signature_belongs_to_one_repository_in_any_spelling() {
+        assert!(same_repository("reg:5000/snaps", "reg:5000/snaps"));
+        assert!(same_repository("Reg:5000/snaps:v1", "reg:5000/snaps"));
+        assert!(same_repository(
+            &format!("reg:5000/snaps@{D}"),
+            "reg:5000/snaps"
+        ));
+        assert!(same_repository(
+            "index.docker.io/library/x",
+            "docker.io/library/x"
+        ));
+        assert!(!same_repository("reg:5000/snaps", "reg:5000/other"));
+        assert!(!same_repository("reg:5000/snaps/a", "reg:5000/snaps"));
+        assert!(!same_repository("reg:5001/snaps", "reg:5000/snaps"));
     }
 
     #[test]

@@ -45,6 +45,45 @@ pub fn check(dir: &Path, memory: u64, free: u64) -> Result<(), String> {
     ))
 }
 
+/// What a pull must leave free on the store's filesystem beyond what it brings.
+pub const PULL_MARGIN: u64 = 64 << 20;
+
+/// Refuses to bring in blobs of the `incoming` sizes (each named) when one of them, or all of
+/// them, is more than `max`, or more than `free` (the store filesystem's room) less
+/// [`PULL_MARGIN`]: checked on what a registry declares, before a byte is fetched or a file
+/// is sized.
+pub fn check_incoming(incoming: &[(String, u64)], free: u64, max: u64) -> Result<(), String> {
+    if let Some((name, size)) = incoming.iter().find(|(_, size)| *size > max) {
+        return Err(format!(
+            "{name} declares {}, more than the {} a snapshot may bring to this host ([snapshot] \
+             max_pull_bytes in the runtime options)",
+            mib(*size),
+            mib(max)
+        ));
+    }
+    let total = incoming
+        .iter()
+        .fold(0u64, |sum, (_, size)| sum.saturating_add(*size));
+    if total > max {
+        return Err(format!(
+            "its blobs declare {} in all, more than the {} a snapshot may bring to this host \
+             ([snapshot] max_pull_bytes in the runtime options)",
+            mib(total),
+            mib(max)
+        ));
+    }
+    if total.saturating_add(PULL_MARGIN) > free {
+        return Err(format!(
+            "its blobs declare {}, and the snapshot store's filesystem has {} free (a pull \
+             leaves {} beside what it brings): make room there first",
+            mib(total),
+            mib(free),
+            mib(PULL_MARGIN)
+        ));
+    }
+    Ok(())
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
@@ -65,6 +104,26 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("check_free_space"), "{err}");
+    }
+
+    #[test]
+    fn declared_sizes_are_bounded_before_anything_arrives() {
+        let gib = 1u64 << 30;
+        let ok = [
+            ("pages.img".to_string(), gib),
+            ("checkpoint.img".into(), 1 << 20),
+        ];
+        assert!(check_incoming(&ok, 4 * gib, 64 * gib).is_ok());
+        let huge = [("pages.img".to_string(), 2 << 40)];
+        let err = check_incoming(&huge, 4 * gib, 64 * gib).unwrap_err();
+        assert!(
+            err.contains("pages.img") && err.contains("max_pull_bytes"),
+            "{err}"
+        );
+        let err = check_incoming(&ok, gib, 64 * gib).unwrap_err();
+        assert!(err.contains("make room"), "{err}");
+        let many = vec![("x".to_string(), u64::MAX / 2); 3];
+        assert!(check_incoming(&many, u64::MAX, u64::MAX - 1).is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use chalk_runtime::{
         dir,
         follow::Follower,
         manifest::{self, PodFacts, PodMember, Source},
+        owner::Owner,
         space,
         store::{Pointer, Store, POINTER},
         Kind, Manifest,
@@ -288,7 +289,7 @@ impl Sandboxes {
             sandbox_id: c.sandbox_id.clone(),
         };
         let image = self.records().image_of(&c.id)?;
-        describe(
+        let mut m = describe(
             kind,
             source,
             &c.features.version,
@@ -296,7 +297,19 @@ impl Sandboxes {
             &spec,
             image,
         )
-        .map_err(|e| ShimError::Internal(format!("{}: {e}", config.display())))
+        .map_err(|e| ShimError::Internal(format!("{}: {e}", config.display())))?;
+        // Who it belongs to: CRI's annotations on the spec, the node agent's label on the
+        // record (never what a pod's own annotations say).
+        let sandbox = self
+            .records()
+            .label(&c.id, chalk_labels::OWNER_SANDBOX_LABEL)?;
+        let parsed: serde_json::Value = serde_json::from_slice(&spec).unwrap_or_default();
+        m.owner = Some(Owner::of_container(
+            self.namespace(),
+            &parsed,
+            sandbox.as_deref(),
+        ));
+        Ok(m)
     }
 
     /// Ends the container's exec'd processes and waits for their exits to be recorded.

@@ -2,12 +2,19 @@
 //! `chalk.io/restore-from` (a pod annotation that CRI passes to the runtime), so its Create
 //! becomes a restore of the snapshot's whole sandbox, verified here as any restore is and
 //! under the new pod's spec; each of its containers then joins it by name (see `pod.rs`).
-//! Off unless the runtime options' `[restore_from]` allow the pod's namespace.
+//! Off unless the runtime options' `[restore_from]` allow the pod's namespace, and then only
+//! for snapshots the namespace owns or was given (`chalk_runtime::pod_restore::policy`): the
+//! owner is checked before anything of the snapshot is read, a registry snapshot is pulled
+//! (and so judged by the trust policy) every time, and a refusal tells the pod only the rule.
 
 use chalk_runtime::{
     options::RuntimeOptions,
     pod_restore::CRI_SANDBOX_NAMESPACE,
-    pod_restore::{self, MemberRole, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME},
+    pod_restore::{
+        self,
+        policy::{self, Grant, Pod, Refusal},
+        MemberRole, RestoreSource, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME,
+    },
     spec::{annotation, CRI_CONTAINER_TYPE},
 };
 use serde_json::Value;
@@ -49,39 +56,64 @@ impl Sandboxes {
             }
         }
         let namespace = annotation(spec, CRI_SANDBOX_NAMESPACE).unwrap_or_default();
-        let pod = annotation(spec, CRI_SANDBOX_NAME).unwrap_or(to.id);
-        pod_restore::admit(&opts.restore_from, namespace, pod)
+        let name = annotation(spec, CRI_SANDBOX_NAME).unwrap_or(to.id);
+        pod_restore::admit(&opts.restore_from, namespace, name)
             .map_err(ShimError::FailedPrecondition)?;
         let source = RestoreSource::parse_from(key, asked).map_err(ShimError::InvalidArgument)?;
+        let pod = Pod { namespace, name };
+        // The pod's events get the rule; the node's log, what was asked and found.
+        let refused = |r: Refusal| {
+            log::warn!(
+                "pod {namespace}/{name}: {key} {asked:?} refused: {} ({})",
+                r.rule,
+                r.detail
+            );
+            ShimError::FailedPrecondition(format!(
+                "pod {namespace}/{name} may not start from the snapshot it names ({key}): {}",
+                r.rule
+            ))
+        };
+        let grant = policy::decide(&opts.restore_from, key, pod, &source).map_err(refused)?;
         let id = source.id().to_string();
         let store = chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)?;
-        if !store.has_blob(&id) {
-            match &source {
-                RestoreSource::Local { .. } => {
-                    return Err(ShimError::FailedPrecondition(format!(
-                        "pod {namespace}/{pod}: snapshot {id} ({key}) is not in this \
-                         node's store ({}): take it on this node, or name it by its registry \
-                         reference (`REF@{id}`) so that any node can pull it",
-                        opts.snapshot.store.display()
-                    )))
-                }
-                RestoreSource::Remote { reference, .. } => {
-                    self.pull_for_pod(&format!("{reference}@{id}"), opts, to.id, bundle)
-                        .map_err(|e| {
-                            ShimError::FailedPrecondition(format!(
-                                "pod {namespace}/{pod}: snapshot {reference}@{id} \
-                                 ({key}) could not be pulled to this node: {e}"
-                            ))
-                        })?;
+        match &source {
+            RestoreSource::Local { .. } => {
+                let owned = grant != Grant::Own
+                    || policy::owns_copy(
+                        store.refs_of(&id)?.iter().map(|r| r.owner.as_ref()),
+                        namespace,
+                    );
+                if !owned || !store.has_blob(&id) {
+                    return Err(refused(Refusal {
+                        rule: policy::NOT_OWNED.into(),
+                        detail: format!(
+                            "{id}: in the store {}: {}; owned by the namespace: {owned}",
+                            opts.snapshot.store.display(),
+                            store.has_blob(&id)
+                        ),
+                    }));
                 }
             }
+            // Pulled every time: the trust policy and the registry's access control decide
+            // even when the node has the blobs already (it then fetches only the manifests).
+            RestoreSource::Remote { reference, .. } => {
+                self.pull_for_pod(&format!("{reference}@{id}"), namespace, opts, to.id, bundle)
+                    .map_err(|e| {
+                        ShimError::FailedPrecondition(format!(
+                            "pod {namespace}/{name}: snapshot {reference}@{id} \
+                             ({key}) could not be pulled to this node: {e}"
+                        ))
+                    })?;
+            }
         }
+        let owner = store.open_snapshot(&id)?.manifest.owner;
+        policy::check_owner(grant, owner.as_ref(), pod).map_err(refused)?;
         let mut from = self
             .verify_stored(&id, to)
-            .map_err(|e| prefixed(&format!("pod {namespace}/{pod} from {id}"), e))?;
+            .map_err(|e| prefixed(&format!("pod {namespace}/{name} from {id}"), e))?;
         from.members_wait = Some(std::time::Duration::from_secs(opts.restore_from.wait_secs));
         log::info!(
-            "pod {namespace}/{pod}: starts from snapshot {id} with containers {:?}",
+            "pod {namespace}/{name}: starts from snapshot {id} ({grant:?}) with containers {:?}",
             from.pod
                 .containers
                 .iter()
@@ -178,6 +210,7 @@ impl Sandboxes {
     fn pull_for_pod(
         &self,
         reference: &str,
+        namespace: &str,
         opts: &RuntimeOptions,
         id: &str,
         bundle: &std::path::Path,
@@ -189,6 +222,13 @@ impl Sandboxes {
         let text = toml::to_string(opts).map_err(|e| format!("the runtime options: {e}"))?;
         std::fs::write(&options, text).map_err(|e| format!("{}: {e}", options.display()))?;
         let config = options.to_string_lossy().to_string();
+        // chalkctl ends its own pull a little before it would be killed, and cleans up.
+        let own_limit = opts
+            .restore_from
+            .pull_secs
+            .saturating_sub(2)
+            .max(1)
+            .to_string();
         let args = [
             "--config",
             &config,
@@ -198,6 +238,10 @@ impl Sandboxes {
             "--lazy",
             "--hosts-dir",
             &hosts_dir,
+            "--pulled-for",
+            namespace,
+            "--timeout",
+            &own_limit,
             reference,
         ];
         let log_file = bundle.join(".pull.log");
@@ -214,6 +258,7 @@ impl Sandboxes {
             address: &self.inner.containerd_address,
             namespace: &self.inner.namespace,
             env: &env,
+            memory_max: Some(opts.restore_from.pull_memory_bytes),
         };
         let done = crate::chalkctl::run(&to, &args, &log_file, timeout);
         let _ = std::fs::remove_file(&options);

@@ -7,6 +7,7 @@
 use std::{path::Path, time::Instant};
 
 use chalk_runtime::{
+    foreign_spec::acts_on_host,
     options::SnapshotOptions,
     runsc::{Features, MemoryLoad, SandboxRuntime},
     snapshot::{
@@ -15,6 +16,7 @@ use chalk_runtime::{
         store::{Pointer, RestoreDir, Seal, Store},
         Manifest,
     },
+    spec::{annotation, CRI_CONTAINER_TYPE},
 };
 
 use super::Sandboxes;
@@ -68,7 +70,7 @@ impl Sandboxes {
                 ..m
             };
             let what = format!("{token} (fresh)");
-            return self.verified(m, Some(linked), Path::new(""), &what, started, to);
+            return self.verified(m, Some(linked), Path::new(""), &what, false, started, to);
         }
         match store.seal_state(token) {
             Seal::Sealed(r) => self.verify(&r.manifest, &to.options.store.clone(), to),
@@ -97,17 +99,20 @@ impl Sandboxes {
     /// `stored`: the store's snapshot to restore from; empty: runsc's files in `dir`.
     fn verify(&self, stored: &str, dir: &Path, to: Into) -> Result<RestoreFrom> {
         let started = Instant::now();
-        let (m, linked) = match stored {
+        let (m, linked, foreign) = match stored {
             "" => {
                 let m = Manifest::load(dir)?;
                 m.verify_files(dir, 0)?;
-                (m, None)
+                (m, None, false)
             }
             stored => {
                 let store = Store::open(&to.options.store)?;
                 let snap = store.open_snapshot(stored)?;
+                // From elsewhere: every copy of it here was pulled from a registry.
+                let refs = store.refs_of(stored)?;
+                let foreign = !refs.is_empty() && refs.iter().all(|r| r.pulled_from.is_some());
                 let linked = store.prepare_restore(&snap, &self.restore_token(&to))?;
-                (snap.manifest, Some(linked))
+                (snap.manifest, Some(linked), foreign)
             }
         };
         let what = if stored.is_empty() {
@@ -115,19 +120,37 @@ impl Sandboxes {
         } else {
             stored.to_string()
         };
-        self.verified(m, linked, dir, &what, started, to)
+        self.verified(m, linked, dir, &what, foreign, started, to)
     }
 
-    /// The checks every restore passes once its manifest and files are found.
+    /// The checks every restore passes once its manifest and files are found; a `foreign`
+    /// snapshot (pulled from a registry) also never runs on a spec that acts on this host.
+    #[allow(clippy::too_many_arguments)]
     fn verified(
         &self,
         m: Manifest,
         linked: Option<RestoreDir>,
         dir: &Path,
         what: &str,
+        foreign: bool,
         started: Instant,
         to: Into,
     ) -> Result<RestoreFrom> {
+        // A pod's spec is the kubelet's, made on this node: the restoring side's, which
+        // governs. Any other came with the request, perhaps straight from the snapshot.
+        if foreign && annotation(to.spec, CRI_CONTAINER_TYPE).is_none() {
+            let acts = acts_on_host(to.spec);
+            if !acts.is_empty() {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {}: snapshot {what} came from a registry, and the spec it would \
+                     run on acts on this host ({}): a snapshot from elsewhere runs only on a \
+                     spec rebuilt from the allow-list (chalkctl fork and resume rebuild it; \
+                     see SECURITY.md)",
+                    to.id,
+                    acts.join("; ")
+                )));
+            }
+        }
         // What the restore is of, for the pod's checks: the snapshot, unless runsc's files.
         let stored = if linked.is_some() { what } else { "" };
         let from = linked.as_ref().map_or(dir, RestoreDir::dir);

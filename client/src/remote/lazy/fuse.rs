@@ -6,14 +6,17 @@
 use std::{
     fs::File,
     os::unix::fs::FileExt,
-    sync::Arc,
-    time::{Duration, UNIX_EPOCH},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant, UNIX_EPOCH},
 };
 
 use chalk_runtime::snapshot::pieces::Pieces;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, LockOwner, OpenAccMode,
-    OpenFlags, ReplyAttr, ReplyData, ReplyOpen, Request,
+    OpenFlags, ReplyAttr, ReplyData, ReplyEmpty, ReplyOpen, Request,
 };
 
 use super::arrivals::Arrivals;
@@ -28,6 +31,44 @@ pub struct PagesFile {
     pub data: Arc<File>,
     /// How long one read may wait for its pieces before serving fails as a whole.
     pub wait_limit: Duration,
+    pub readers: Arc<Readers>,
+}
+
+/// Who has the file open: a server whose readers are all gone (their sandbox ended) has no
+/// reason to go on.
+#[derive(Default)]
+pub struct Readers {
+    open: AtomicUsize,
+    /// When the first open came, and when the last one closed.
+    first: Mutex<Option<Instant>>,
+    last_close: Mutex<Option<Instant>>,
+}
+
+impl Readers {
+    fn opened(&self) {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.first.lock().unwrap().get_or_insert_with(Instant::now);
+    }
+
+    fn closed(&self) {
+        if self.open.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *self.last_close.lock().unwrap() = Some(Instant::now());
+        }
+    }
+
+    /// Whether any reader ever opened the file.
+    pub fn ever(&self) -> bool {
+        self.first.lock().unwrap().is_some()
+    }
+
+    /// How long the file has had no reader, after having had one (None: it has one now, or
+    /// never had any).
+    pub fn gone_for(&self) -> Option<Duration> {
+        if self.open.load(Ordering::SeqCst) > 0 || !self.ever() {
+            return None;
+        }
+        self.last_close.lock().unwrap().map(|t| t.elapsed())
+    }
 }
 
 impl PagesFile {
@@ -67,8 +108,23 @@ impl Filesystem for PagesFile {
         } else if flags.acc_mode() != OpenAccMode::O_RDONLY {
             reply.error(Errno::EROFS);
         } else {
+            self.readers.opened();
             reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
         }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.readers.closed();
+        reply.ok();
     }
 
     fn read(

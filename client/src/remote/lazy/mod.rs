@@ -46,6 +46,8 @@ pub struct Job {
     pub credentials: Option<(String, String)>,
     /// The pull's record, dropped if serving fails (its memory never arrived).
     pub record: Option<Record>,
+    /// How long the server may serve: the whole blob is here by then, or serving fails.
+    pub deadline_secs: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -83,9 +85,10 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// Starts a server of `job` with program `exe` (chalkctl) and waits until it serves: an
-/// error (the server's own reason) when it did not start.
-pub fn start(exe: &Path, job: &Job) -> Result<()> {
+/// Starts a server of `job` with program `exe` (chalkctl) and waits until it serves (until
+/// `deadline` at most, when there is one): an error (the server's own reason) when it did not
+/// start.
+pub fn start(exe: &Path, job: &Job, deadline: Option<std::time::Instant>) -> Result<()> {
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("serve-lazy")
         .stdin(Stdio::piped())
@@ -101,10 +104,20 @@ pub fn start(exe: &Path, job: &Job) -> Result<()> {
             .write_all(&text)
             .map_err(|e| Error::from(format!("hand pages.img to its server: {e}")))?;
     }
-    let mut line = String::new();
+    let (said, heard) = std::sync::mpsc::channel();
     if let Some(out) = child.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = said.send(line);
+        });
     }
+    let wait = deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(std::time::Instant::now())
+    });
+    let line = heard
+        .recv_timeout(wait)
+        .unwrap_or_else(|_| "error: it was not serving by the pull's time limit".into());
     if line.trim() == "ready" {
         // Reaped by init once this command ends; a zombie meanwhile.
         std::thread::spawn(move || child.wait());
@@ -123,3 +136,9 @@ pub fn start(exe: &Path, job: &Job) -> Result<()> {
 /// How long one read of runsc's may wait for its pieces: past it, the registry is taken as
 /// gone and the sandbox ends (nothing in runsc or the kernel bounds such a read).
 pub const READ_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a server of a blob of `size` bytes may live: five minutes, and a second per MiB
+/// (a registry slower than that is taken as gone), whatever the pull's own limit was.
+pub fn deadline_secs(size: u64) -> u64 {
+    300 + size / (1 << 20)
+}

@@ -1,5 +1,8 @@
 //! `chalkctl serve-lazy`: one blob served while it arrives, from the job on stdin to the blob
-//! in the store (or the reason it failed), the mount gone and the process ended.
+//! in the store (or the reason it failed), the mount gone and the process ended. A server
+//! never outlives its job's deadline, nor the sandboxes that read it: once every reader has
+//! closed the file (its sandbox ended) before it all arrived, or none opened it in
+//! [`OPEN_WAIT`], serving fails and everything of it goes.
 
 use std::{
     fs::OpenOptions,
@@ -11,14 +14,23 @@ use std::{
 
 use chalk_runtime::snapshot::{oci, store::Store};
 
-use super::{arrivals::Arrivals, fetch::Fetch, fuse::PagesFile, Job, READ_WAIT};
+use super::{
+    arrivals::Arrivals,
+    fetch::Fetch,
+    fuse::{PagesFile, Readers},
+    Job, READ_WAIT,
+};
 use crate::remote::{hosts::Use, session, Access};
 use crate::{Error, Result};
 
 /// How long a complete file stays mounted for a restore that linked it just before.
 const GRACE: Duration = Duration::from_secs(10);
 /// How long a failed or complete file waits for runsc to close it before it is detached.
-const CLOSE_WAIT: Duration = Duration::from_secs(600);
+const CLOSE_WAIT: Duration = Duration::from_secs(60);
+/// How long a file may go unopened once served: the restore that asked for it comes at once.
+pub const OPEN_WAIT: Duration = Duration::from_secs(60);
+/// How long a file may have no reader, after having had one, before serving ends.
+const READERS_GONE: Duration = Duration::from_secs(5);
 
 /// Serves the job on stdin; prints `ready` (or `error: why`) once, on stdout.
 pub fn main() -> Result<()> {
@@ -62,8 +74,10 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
             .map_err(|e| failed(format!("open {}: {e}", lazy.data().display())))?,
     );
     let reference = crate::remote::reference(&job.reference)?;
+    let deadline = Instant::now() + Duration::from_secs(job.deadline_secs.max(1));
     let access = Access {
         plain_http: job.plain_http,
+        deadline: Some(deadline),
         ..Access::new(job.hosts_dir.clone())
     };
     let credentials = job.credentials();
@@ -103,12 +117,14 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
             return Err(failed(why));
         }
     }
+    let readers = Arc::new(Readers::default());
     let file = PagesFile {
         size: job.size,
         pieces: job.pieces.clone(),
         arrivals: arrivals.clone(),
         data,
         wait_limit: READ_WAIT,
+        readers: readers.clone(),
     };
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -132,8 +148,13 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
         let f = fetch.clone();
         workers.push(std::thread::spawn(move || f.on_demand()));
     }
+    {
+        let (arrivals, readers) = (arrivals.clone(), readers.clone());
+        let served = Instant::now();
+        std::thread::spawn(move || watch(&arrivals, &readers, served, deadline));
+    }
     let outcome = fetch
-        .check_whole(CLOSE_WAIT)
+        .check_whole(deadline.saturating_duration_since(Instant::now()))
         .and_then(|()| lazy.complete(&store).map_err(|e| e.to_string()));
     if let Err(why) = &outcome {
         arrivals.fail(why);
@@ -153,6 +174,44 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
     let _ = session.join();
     lazy.finish();
     outcome.map_err(Error::from)
+}
+
+/// Fails serving once it has no reason to go on: its deadline passed, its readers are gone
+/// (their sandbox ended) before the blob all arrived, or no reader came.
+fn watch(arrivals: &Arrivals, readers: &Readers, served: Instant, deadline: Instant) {
+    while !arrivals.complete() && arrivals.failure().is_none() {
+        let why = stop_because(readers, served.elapsed(), Instant::now() >= deadline);
+        if let Some(why) = why {
+            arrivals.fail(&why);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Why a server `served_for` so long, whose readers are `readers`, should stop, if it should.
+fn stop_because(readers: &Readers, served_for: Duration, late: bool) -> Option<String> {
+    if late {
+        return Some(
+            "it did not all arrive within the time its server may take (the registry is too \
+             slow, or never ends its answer)"
+                .into(),
+        );
+    }
+    if readers.gone_for().is_some_and(|g| g >= READERS_GONE) {
+        return Some(
+            "every sandbox reading it closed it (they ended) before it all arrived: the rest \
+             is not fetched"
+                .into(),
+        );
+    }
+    if !readers.ever() && served_for >= OPEN_WAIT {
+        return Some(format!(
+            "no restore opened it within {}s of its serving",
+            OPEN_WAIT.as_secs()
+        ));
+    }
+    None
 }
 
 /// The pull's record of a snapshot whose memory never arrived goes: nothing claims a

@@ -14,7 +14,11 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 pub use super::extra::{Extra, GpuFacts, PodFacts, PodMember};
-use super::{hash, isolation::Isolation};
+use super::{
+    hash,
+    isolation::Isolation,
+    pieces::{Pieces, PIECE_SIZE},
+};
 use crate::{Error, Result};
 pub use rfc3339::{rfc3339_at, rfc3339_now, rfc3339_secs};
 
@@ -192,6 +196,10 @@ pub struct Manifest {
     /// restore.
     #[serde(default, skip_serializing_if = "Extra::is_empty")]
     pub extra: Extra,
+    /// Who it belongs to (absent in snapshots taken before owners were recorded, which no
+    /// pod restores unless an administrator shares them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<super::owner::Owner>,
 }
 
 fn snapshot_error(dir: &Path, message: impl std::fmt::Display) -> Error {
@@ -355,11 +363,14 @@ impl Manifest {
             if !seen.insert(f.path.as_str()) {
                 return Err(format!("files[{i}].path {:?} is listed twice", f.path));
             }
-            if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if !is_hex_digest(&f.sha256) {
                 return Err(format!(
                     "files[{i}].sha256 {:?} is not a sha256 digest (64 hex digits)",
                     f.sha256
                 ));
+            }
+            if let Some(p) = &f.pieces {
+                check_pieces(p, f.size).map_err(|e| format!("files[{i}].pieces: {e}"))?;
             }
         }
         Ok(())
@@ -497,6 +508,32 @@ pub fn restrict_permissions(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+fn is_hex_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Piece digests as the format defines them: pieces of exactly [`PIECE_SIZE`], one 64-hex
+/// digest per piece of a file of `len` bytes (a hostile size would be allocated as given).
+fn check_pieces(p: &Pieces, len: u64) -> std::result::Result<(), String> {
+    if p.size != PIECE_SIZE {
+        return Err(format!(
+            "size {} is not the format's piece size ({PIECE_SIZE})",
+            p.size
+        ));
+    }
+    if !p.fit(len) {
+        return Err(format!(
+            "{} digests for a file of {len} bytes, which has {} pieces",
+            p.sha256.len(),
+            p.count_for(len)
+        ));
+    }
+    match p.sha256.iter().position(|d| !is_hex_digest(d)) {
+        Some(n) => Err(format!("digest {n} is not 64 hex digits")),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn is_plain_relative(path: &str) -> bool {
     !path.is_empty()
         && Path::new(path)
@@ -561,6 +598,7 @@ pub(crate) mod tests {
             memory_bytes: None,
             terminal: None,
             extra: Extra::default(),
+            owner: None,
         }
     }
 

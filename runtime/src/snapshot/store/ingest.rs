@@ -21,6 +21,7 @@ use crate::{
     snapshot::{
         manifest::{self, Manifest},
         oci::{self, Descriptor, ImageManifest},
+        owner::Owner,
     },
     Error, Result,
 };
@@ -40,6 +41,13 @@ pub struct Commit<'a> {
     /// The base image's manifest (or index).
     pub subject: Option<Descriptor>,
     pub annotations: BTreeMap<String, String>,
+}
+
+/// Whose a snapshot fetched from elsewhere is on this host, and where it came from.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub owner: Option<Owner>,
+    pub pulled_from: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +133,8 @@ impl Store {
             token: ingest.token.clone(),
             manifest: manifest.digest.clone(),
             created: m.created.clone(),
+            owner: m.owner.clone(),
+            pulled_from: None,
         };
         let text = serde_json::to_vec(&r).map_err(|e| Error::parse("ref", e))?;
         write_atomic(&self.root.join("refs").join(&ingest.token), &text, 0o600)?;
@@ -146,6 +156,7 @@ impl Store {
         &self,
         mut ingest: Ingest,
         namespace: &str,
+        origin: Origin,
         manifest_bytes: &[u8],
         small: &[&[u8]],
     ) -> Result<(Committed, Stored)> {
@@ -189,6 +200,8 @@ impl Store {
             token: ingest.token.clone(),
             manifest: manifest.digest.clone(),
             created: snap.manifest.created.clone(),
+            owner: origin.owner,
+            pulled_from: origin.pulled_from,
         };
         let text = serde_json::to_vec(&r).map_err(|e| Error::parse("ref", e))?;
         write_atomic(&self.root.join("refs").join(&ingest.token), &text, 0o600)?;

@@ -42,7 +42,7 @@ use std::{
 
 pub use fresh::{Fresh, Seal, FRESH_MAX_AGE};
 pub use gc::GcReport;
-pub use ingest::{Commit, Committed, Ingest};
+pub use ingest::{Commit, Committed, Ingest, Origin};
 pub use lazy::{detach_mount, FailureNote, LazyBlob, FAILED_MAX_AGE};
 pub use pointer::{holds_only_a_pointer, Pointer, POINTER};
 pub use refs::Ref;

@@ -5,6 +5,7 @@ use std::fs;
 use serde::{Deserialize, Serialize};
 
 use super::{layout::valid_token, Store};
+use crate::snapshot::owner::Owner;
 use crate::{Error, Result};
 
 /// A completed snapshot in the store: the gc root its record stands for.
@@ -15,6 +16,13 @@ pub struct Ref {
     /// The snapshot's manifest digest.
     pub manifest: String,
     pub created: String,
+    /// Whose copy this is: the taker's, or for a pulled copy the side that pulled it (refs
+    /// written before owners were recorded have none, and no pod restores them by id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+    /// The registry reference a pulled copy came from (None: taken on this host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulled_from: Option<String>,
 }
 
 impl Store {
@@ -40,6 +48,15 @@ impl Store {
         }
         out.sort_by(|a, b| a.token.cmp(&b.token));
         Ok(out)
+    }
+
+    /// The refs of snapshot `manifest` (one per copy: taken here, or pulled for someone).
+    pub fn refs_of(&self, manifest: &str) -> Result<Vec<Ref>> {
+        Ok(self
+            .refs()?
+            .into_iter()
+            .filter(|r| r.manifest == manifest)
+            .collect())
     }
 
     pub fn find_ref(&self, token: &str) -> Option<Ref> {

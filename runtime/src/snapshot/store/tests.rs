@@ -4,6 +4,7 @@ use super::{lock::lock_path, *};
 use crate::snapshot::{
     manifest::{tests::sample, FILE_NAME},
     oci::{self, Descriptor},
+    owner::Owner,
 };
 
 /// A sealed checkpoint in a fresh ingest of `store`: `files` as runsc would write them.
@@ -63,9 +64,23 @@ fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
     let ingest = b.begin_ingest("default+pulled").unwrap();
     let state = oci::sha256_digest(b"state");
     fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
+    let origin = Origin {
+        owner: Some(Owner::puller("default", Some("team-b"))),
+        pulled_from: Some("reg.example/snaps/team-b/app".into()),
+    };
     let (got, _) = b
-        .import(ingest, "default", &c.manifest_bytes, &small)
+        .import(ingest, "default", origin, &c.manifest_bytes, &small)
         .unwrap();
+    let refs = b.refs_of(&c.manifest.digest).unwrap();
+    assert_eq!(refs.len(), 1);
+    assert_eq!(
+        refs[0].owner.as_ref().unwrap().pod_namespace(),
+        Some("team-b")
+    );
+    assert_eq!(
+        refs[0].pulled_from.as_deref(),
+        Some("reg.example/snaps/team-b/app")
+    );
     assert_eq!(
         got.manifest.digest, c.manifest.digest,
         "the same id on every host"
@@ -82,7 +97,13 @@ fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
     let other = commit(&a, sealed(&a, "default+two", &[("pages.img", b"other")]));
     let ingest = b.begin_ingest("default+half").unwrap();
     let err = b
-        .import(ingest, "default", &other.manifest_bytes, &small)
+        .import(
+            ingest,
+            "default",
+            Default::default(),
+            &other.manifest_bytes,
+            &small,
+        )
         .unwrap_err();
     assert!(err.to_string().contains("was not fetched"), "{err}");
     assert!(b.find_ref("default+half").is_none());
@@ -415,7 +436,13 @@ fn a_lazy_blob_is_read_through_its_server_until_it_is_whole() {
     let state = oci::sha256_digest(b"state");
     fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
     let (_, stored) = b
-        .import(ingest, "default", &c.manifest_bytes, &small)
+        .import(
+            ingest,
+            "default",
+            Default::default(),
+            &c.manifest_bytes,
+            &small,
+        )
         .unwrap();
     let restore = b.prepare_restore(&stored, "default+r1").unwrap();
     assert_eq!(restore.arriving(), [pages.to_string()]);

@@ -60,23 +60,7 @@ impl Store {
         let chalk = self.read_blob(&layout.chalk_manifest.digest)?;
         let manifest = Manifest::parse(&chalk, &self.root)?;
         let spec = self.read_blob(&layout.spec.digest)?;
-        let from_layers: Vec<(&str, u64, &str)> = layout
-            .files
-            .iter()
-            .map(|d| {
-                (
-                    d.title().unwrap_or_default(),
-                    d.size,
-                    &d.digest["sha256:".len()..],
-                )
-            })
-            .collect();
-        let from_manifest: Vec<(&str, u64, &str)> = manifest
-            .files
-            .iter()
-            .map(|f| (f.path.as_str(), f.size, f.sha256.as_str()))
-            .collect();
-        if from_layers != from_manifest {
+        if !layout.lists(&manifest) {
             return Err(bad(
                 "its layers and its chalk manifest list different files".to_string(),
             ));

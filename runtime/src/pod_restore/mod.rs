@@ -1,18 +1,19 @@
 //! A pod that starts from a snapshot (`chalk.io/restore-from`): what the annotation may say,
-//! whether this node lets a pod's namespace use it, and how the new pod's containers match the
-//! snapshot's. Pure: the shim applies it at Create.
+//! whether this node lets a pod's namespace use it, whose snapshots it may name
+//! ([`policy`]), and how the new pod's containers match the snapshot's. Pure: the shim
+//! applies it at Create.
 //!
 //! The new pod's spec governs everything a container may reach (mounts, devices,
 //! capabilities, annotations, limits): the snapshot gives memory and process state only.
 
+pub mod policy;
+
 use serde::{Deserialize, Serialize};
 
 pub use crate::snapshot::extra::{MemberRole, PodFacts};
+pub use crate::snapshot::owner::{CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE};
 pub use chalk_labels::{RESTORE_FROM, RESUME_FROM};
-
-/// CRI's annotations of a pod's namespace and name (on the sandbox container's spec).
-pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
-pub const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub use policy::{Grant, Pod, Refusal, Shared};
 /// CRI's annotation of a pod container's name.
 pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 
@@ -42,6 +43,28 @@ pub struct RestoreFromOptions {
     /// How long such a pull may take before the pod is refused.
     #[serde(default = "default_pull_secs")]
     pub pull_secs: u64,
+    /// The registry prefixes a namespace's pods may name (`REF@sha256:…`), `{namespace}`
+    /// standing for the pod's (`reg.example/snaps/{namespace}`): none, and only the node's
+    /// store and shared snapshots. The node's credentials are used under these only.
+    #[serde(default)]
+    pub registries: Vec<String>,
+    /// agent-sandbox: the prefix the node agents suspend Sandboxes to (their
+    /// `--suspend-to`). A pod resumes (`chalk.io/resume-from`) only from its own Sandbox's
+    /// repository there, `SUSPEND_TO/NAMESPACE/POD`, and nothing under it is a
+    /// `restore-from`.
+    #[serde(default)]
+    pub suspend_to: Option<String>,
+    /// Golden snapshots an administrator shares with namespaces.
+    #[serde(default)]
+    pub shared: Vec<Shared>,
+    /// The most memory a pod's pull (and the server of its memory) may use: they run in a
+    /// cgroup of their own (`chalk-pulls`), which the node's memory accounting sees.
+    #[serde(default = "default_pull_memory")]
+    pub pull_memory_bytes: u64,
+}
+
+fn default_pull_memory() -> u64 {
+    512 << 20
 }
 
 fn default_hosts_dir() -> std::path::PathBuf {
@@ -65,6 +88,10 @@ impl Default for RestoreFromOptions {
             hosts_dir: default_hosts_dir(),
             docker_config: None,
             pull_secs: default_pull_secs(),
+            registries: Vec::new(),
+            suspend_to: None,
+            shared: Vec::new(),
+            pull_memory_bytes: default_pull_memory(),
         }
     }
 }

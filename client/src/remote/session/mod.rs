@@ -1,8 +1,21 @@
 //! One registry endpoint, spoken to over the OCI distribution API (`oci-client`), with calls
 //! that block: chalkctl is a command line, and its containerd client blocks too. Every blob
-//! fetched is checked against its digest before anything uses it.
+//! fetched is checked against its digest before anything uses it. A registry is a stranger:
+//! its manifests are read with a cap, every call ends by the transfer's deadline when it has
+//! one, and a body that trickles in slower than [`MIN_RATE`] is cut off.
 
-use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path, time::Duration};
+mod explain;
+mod raw;
+
+use explain::not_found;
+
+use std::{
+    future::Future,
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -20,9 +33,15 @@ use super::{
     Access,
 };
 use crate::{Error, Result};
+pub use raw::MAX_MANIFEST;
 
 /// What one read or write of a blob file moves.
 const CHUNK: usize = 4 << 20;
+
+/// The least a body must bring in each [`RATE_WINDOW`]: a registry that sends a byte now and
+/// then (which no read timeout notices) is cut off rather than holding a pull for ever.
+pub const MIN_RATE: u64 = 64 << 10;
+pub const RATE_WINDOW: Duration = Duration::from_secs(30);
 
 pub struct Session {
     rt: tokio::runtime::Runtime,
@@ -33,6 +52,8 @@ pub struct Session {
     pub endpoint: Endpoint,
     /// The registry references name (a mirror serves it under its own host).
     registry: String,
+    /// When every call of this session must have ended (the transfer's time limit).
+    deadline: Option<Instant>,
 }
 
 /// The endpoints `reference` may use for `u`, each a session, in the order to try them.
@@ -147,7 +168,36 @@ impl Session {
             who,
             endpoint,
             registry: registry.to_string(),
+            deadline: access.deadline,
         })
+    }
+
+    /// Runs `fut` to its end, or to this session's deadline (an error saying so).
+    fn wait<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, OciDistributionError>>,
+    ) -> std::result::Result<T, OciDistributionError> {
+        self.wait_io(fut).map_err(|e| match e {
+            raw::Waited::Failed(e) => e,
+            raw::Waited::Late(limit) => OciDistributionError::GenericError(Some(late_text(limit))),
+        })
+    }
+
+    /// As [`Session::wait`], for any error type.
+    fn wait_io<T, E>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, E>>,
+    ) -> std::result::Result<T, raw::Waited<E>> {
+        match self.deadline {
+            None => self.rt.block_on(fut).map_err(raw::Waited::Failed),
+            Some(d) => {
+                let limit = d.saturating_duration_since(Instant::now());
+                self.rt
+                    .block_on(tokio::time::timeout_at(d.into(), fut))
+                    .map_err(|_| raw::Waited::Late(limit))?
+                    .map_err(raw::Waited::Failed)
+            }
+        }
     }
 
     /// `r` as this endpoint serves it: a mirror is asked with the upstream's name (`?ns=`).
@@ -162,77 +212,16 @@ impl Session {
     /// The tags of `r`'s repository.
     pub fn tags(&self, r: &Reference) -> Result<Vec<String>> {
         let r = self.at(r);
-        self.rt
-            .block_on(self.client.list_tags(&r, &self.auth, None, None))
+        self.wait(self.client.list_tags(&r, &self.auth, None, None))
             .map(|t| t.tags)
             .map_err(|e| self.explain("list the tags of", &r, e))
-    }
-
-    /// Deletes manifest `digest` from `r`'s repository, and so the tags that name it: false
-    /// when the registry has no such manifest. oci-client has no delete, so this is one
-    /// request of its own, with this endpoint's CA files and credentials (or the token the
-    /// registry hands out for pushes).
-    pub fn delete_manifest(&self, r: &Reference, digest: &str) -> Result<bool> {
-        let r = self.at(r);
-        let token = self
-            .rt
-            .block_on(self.client.auth(&r, &self.auth, RegistryOperation::Push))
-            .map_err(|e| self.explain("log in to delete from", &r, e))?;
-        let mut http = reqwest::Client::builder()
-            .danger_accept_invalid_certs(self.endpoint.skip_verify)
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(60));
-        for path in &self.endpoint.ca {
-            let pem = std::fs::read(path)
-                .map_err(|e| Error::from(format!("CA file {}: {e}", path.display())))?;
-            let cert = reqwest::Certificate::from_pem(&pem)
-                .map_err(|e| Error::from(format!("CA file {}: {e}", path.display())))?;
-            http = http.add_root_certificate(cert);
-        }
-        let http = http
-            .build()
-            .map_err(|e| Error::from(format!("an HTTP client: {e}")))?;
-        let url = format!(
-            "{}/v2/{}/manifests/{digest}",
-            self.endpoint.url(),
-            r.repository()
-        );
-        let mut req = http.delete(&url);
-        req = match (&token, &self.credentials) {
-            (Some(t), _) => req.bearer_auth(t),
-            (None, Credentials::Basic { user, password }) => req.basic_auth(user, Some(password)),
-            (None, Credentials::Anonymous) => req,
-        };
-        let status = self
-            .rt
-            .block_on(req.send())
-            .map_err(|e| Error::from(format!("DELETE {url}: {e}")))?
-            .status();
-        match status.as_u16() {
-            200..=299 => Ok(true),
-            404 => Ok(false),
-            405 => Err(format!(
-                "{} does not allow deletes (405): enable them there (Distribution: \
-                 storage.delete.enabled, REGISTRY_STORAGE_DELETE_ENABLED=true)",
-                self.endpoint.host
-            )
-            .into()),
-            401 | 403 => Err(format!(
-                "{} refused the delete of {digest} to {} ({status}): give credentials that \
-                 may delete",
-                self.endpoint.host, self.who
-            )
-            .into()),
-            _ => Err(format!("DELETE {url}: {status}").into()),
-        }
     }
 
     /// Authenticates for `op` on `r`'s repository (a registry with token auth hands out one
     /// token per repository and operation).
     pub fn login(&self, r: &Reference, op: RegistryOperation) -> Result<()> {
         let r = self.at(r);
-        self.rt
-            .block_on(self.client.auth(&r, &self.auth, op))
+        self.wait(self.client.auth(&r, &self.auth, op))
             .map(drop)
             .map_err(|e| self.explain("log in", &r, e))
     }
@@ -251,13 +240,9 @@ impl Session {
     /// Like [`Session::manifest`], None when there is no such manifest.
     pub fn try_manifest(&self, r: &Reference, accept: &[&str]) -> Result<Option<(Bytes, String)>> {
         let at = self.at(r);
-        let bytes = match self
-            .rt
-            .block_on(self.client.pull_manifest_raw(&at, &self.auth, accept))
-        {
-            Ok((bytes, _)) => bytes,
-            Err(e) if not_found(&e) => return Ok(None),
-            Err(e) => return Err(self.explain("fetch the manifest", &at, e)),
+        let bytes = match self.get_manifest(r, accept)? {
+            raw::Got::Manifest(bytes) => bytes,
+            raw::Got::NotFound => return Ok(None),
         };
         let digest = format!("sha256:{:x}", Sha256::digest(&bytes));
         if let Some(want) = r.digest() {
@@ -276,10 +261,7 @@ impl Session {
     /// Whether the repository of `r` holds manifest `digest`.
     pub fn has_manifest(&self, r: &Reference, digest: &str) -> Result<bool> {
         let at = self.at(&r.clone_with_digest(digest.to_string()));
-        match self
-            .rt
-            .block_on(self.client.fetch_manifest_digest(&at, &self.auth))
-        {
+        match self.wait(self.client.fetch_manifest_digest(&at, &self.auth)) {
             Ok(_) => Ok(true),
             Err(e) if not_found(&e) => Ok(false),
             Err(e) => Err(self.explain("look up a manifest", &at, e)),
@@ -288,8 +270,7 @@ impl Session {
 
     pub fn has_blob(&self, r: &Reference, digest: &str) -> Result<bool> {
         let at = self.at(r);
-        self.rt
-            .block_on(self.client.blob_exists(&at, digest))
+        self.wait(self.client.blob_exists(&at, digest))
             .map_err(|e| self.explain(&format!("look up blob {digest}"), &at, e))
     }
 
@@ -297,7 +278,7 @@ impl Session {
     /// did (a registry may answer with an upload instead, which is then abandoned).
     pub fn mount_blob(&self, r: &Reference, from: &Reference, digest: &str) -> Result<bool> {
         let at = self.at(r);
-        match self.rt.block_on(self.client.mount_blob(&at, from, digest)) {
+        match self.wait(self.client.mount_blob(&at, from, digest)) {
             Ok(()) => self.has_blob(r, digest),
             Err(_) => Ok(false),
         }
@@ -305,8 +286,7 @@ impl Session {
 
     pub fn push_bytes(&self, r: &Reference, data: Vec<u8>, digest: &str) -> Result<()> {
         let at = self.at(r);
-        self.rt
-            .block_on(self.client.push_blob(&at, data, digest))
+        self.wait(self.client.push_blob(&at, data, digest))
             .map(drop)
             .map_err(|e| self.explain(&format!("push blob {digest}"), &at, e))
     }
@@ -316,27 +296,26 @@ impl Session {
         let at = self.at(r);
         let file = std::fs::File::open(path)
             .map_err(|e| Error::from(format!("open {}: {e}", path.display())))?;
-        self.rt
-            .block_on(async {
-                let file = tokio::fs::File::from_std(file);
-                let stream = futures_util::stream::unfold(file, |mut f| async move {
-                    use tokio::io::AsyncReadExt;
-                    let mut buf = vec![0u8; CHUNK];
-                    match f.read(&mut buf).await {
-                        Ok(0) => None,
-                        Ok(n) => {
-                            buf.truncate(n);
-                            Some((Ok(Bytes::from(buf)), f))
-                        }
-                        Err(e) => Some((Err(OciDistributionError::IoError(e)), f)),
+        self.wait(async {
+            let file = tokio::fs::File::from_std(file);
+            let stream = futures_util::stream::unfold(file, |mut f| async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; CHUNK];
+                match f.read(&mut buf).await {
+                    Ok(0) => None,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Some((Ok(Bytes::from(buf)), f))
                     }
-                });
-                self.client
-                    .push_blob_stream(&at, stream, digest, Some(size))
-                    .await
-            })
-            .map(drop)
-            .map_err(|e| self.explain(&format!("push blob {digest}"), &at, e))
+                    Err(e) => Some((Err(OciDistributionError::IoError(e)), f)),
+                }
+            });
+            self.client
+                .push_blob_stream(&at, stream, digest, Some(size))
+                .await
+        })
+        .map(drop)
+        .map_err(|e| self.explain(&format!("push blob {digest}"), &at, e))
     }
 
     /// Stores manifest `bytes` under `r` (a tag, or its digest).
@@ -345,8 +324,7 @@ impl Session {
         let content_type = media_type
             .parse()
             .map_err(|_| Error::from(format!("media type {media_type:?}")))?;
-        self.rt
-            .block_on(self.client.push_manifest_raw(&at, bytes, content_type))
+        self.wait(self.client.push_manifest_raw(&at, bytes, content_type))
             .map(drop)
             .map_err(|e| self.explain("push the manifest", &at, e))
     }
@@ -355,20 +333,22 @@ impl Session {
     pub fn blob(&self, r: &Reference, digest: &str, limit: u64) -> Result<Vec<u8>> {
         let at = self.at(r);
         let mut out = Vec::new();
-        self.rt
-            .block_on(async {
-                let mut s = self.client.pull_blob_stream(&at, digest).await?;
-                while let Some(chunk) = s.stream.next().await {
-                    out.extend_from_slice(&chunk?);
-                    if out.len() as u64 > limit {
-                        return Err(OciDistributionError::GenericError(Some(format!(
-                            "blob {digest} is larger than the {limit} bytes it may be"
-                        ))));
-                    }
+        self.wait(async {
+            let mut s = self.client.pull_blob_stream(&at, digest).await?;
+            let mut rate = Rate::new();
+            while let Some(chunk) = s.stream.next().await {
+                let chunk = chunk?;
+                rate.note(chunk.len())?;
+                out.extend_from_slice(&chunk);
+                if out.len() as u64 > limit {
+                    return Err(OciDistributionError::GenericError(Some(format!(
+                        "blob {digest} is larger than the {limit} bytes it may be"
+                    ))));
                 }
-                Ok(())
-            })
-            .map_err(|e| self.explain(&format!("fetch blob {digest}"), &at, e))?;
+            }
+            Ok(())
+        })
+        .map_err(|e| self.explain(&format!("fetch blob {digest}"), &at, e))?;
         check_digest(digest, &format!("{:x}", Sha256::digest(&out)))?;
         Ok(out)
     }
@@ -407,11 +387,13 @@ impl Session {
         out: &mut dyn std::io::Write,
     ) -> Result<()> {
         let at = self.at(r);
-        let fetched = self.rt.block_on(async {
+        let fetched = self.wait(async {
             let mut s = self.client.pull_blob_stream(&at, digest).await?;
             let mut got = 0u64;
+            let mut rate = Rate::new();
             while let Some(chunk) = s.stream.next().await {
                 let chunk = chunk?;
+                rate.note(chunk.len())?;
                 got += chunk.len() as u64;
                 if got > size {
                     return Err(OciDistributionError::GenericError(Some(format!(
@@ -453,7 +435,7 @@ impl Session {
             ..Default::default()
         };
         let mut failed_sink = None;
-        let fetched = self.rt.block_on(async {
+        let fetched = self.wait(async {
             let response = self
                 .client
                 .pull_blob_stream_partial(&at, &layer, offset, Some(len))
@@ -469,8 +451,10 @@ impl Session {
                 }
             };
             let mut got = 0u64;
+            let mut rate = Rate::new();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;
+                rate.note(chunk.len())?;
                 got += chunk.len() as u64;
                 if got > len {
                     return Err(OciDistributionError::GenericError(Some(format!(
@@ -507,132 +491,55 @@ impl Session {
     fn name(&self, r: &Reference) -> String {
         format!("{} ({})", r.whole(), self.endpoint.url())
     }
+}
 
-    /// oci-client's error as what the user can do about it; never a credential.
-    fn explain(&self, what: &str, r: &Reference, e: OciDistributionError) -> Error {
-        let host = &self.endpoint.host;
-        // A blob stream that fails its digest check ends as an I/O error carrying it.
-        let damaged = matches!(e, OciDistributionError::DigestError(_))
-            || e.to_string().contains("Invalid digest. Expected");
-        let text = match &e {
-            _ if damaged => format!(
-                "what the registry sent does not match its digest ({e}): it was changed or \
-                 damaged there; refused (nothing was stored)"
-            ),
-            OciDistributionError::AuthenticationFailure(_)
-            | OciDistributionError::UnauthorizedError { .. } => format!(
-                "{host} refused {} (unauthorized): give the right credentials with --user \
-                 user[:password] or in the docker config (docker login {host})",
-                self.who
-            ),
-            OciDistributionError::ServerError { code: 401, .. } => format!(
-                "{host} refused {} (401 unauthorized): give the right credentials with --user \
-                 user[:password] or in the docker config (docker login {host})",
-                self.who
-            ),
-            OciDistributionError::ServerError { code: 403, .. } => {
-                format!(
-                    "{host} does not allow {} to do this (403 forbidden)",
-                    self.who
-                )
-            }
-            e if not_found(e) => format!("{} does not exist (404)", r.whole()),
-            OciDistributionError::RequestError(re) => {
-                let mut chain = re.to_string();
-                let mut source = std::error::Error::source(re);
-                while let Some(s) = source {
-                    chain.push_str(": ");
-                    chain.push_str(&s.to_string());
-                    source = s.source();
-                }
-                let hint = if chain.contains("certificate") || chain.contains("UnknownIssuer") {
-                    format!(
-                        " (trust the registry's CA: put it in {host}'s directory of the hosts \
-                         directory as ca.crt, or name it in its hosts.toml)"
-                    )
-                } else if chain.contains("InvalidContentType") || chain.contains("wrong version") {
-                    " (is it plain HTTP? then pass --plain-http)".to_string()
-                } else if !cut_or_full(&chain).is_empty() {
-                    cut_or_full(&chain).to_string()
-                } else if chain.contains("onnect") {
-                    " (is the registry up, and is this its address?)".to_string()
-                } else {
-                    String::new()
-                };
-                format!("{} {chain}{hint}", self.endpoint.url())
-            }
-            other => {
-                let said = other.to_string();
-                format!("{}{}", said.trim_end(), cut_or_full(&said))
-            }
-        };
-        Error::from(format!(
-            "{what} of {}: {}",
-            r.whole(),
-            without_url_queries(&text)
-        ))
+/// The slowest a body may come in: at least [`MIN_RATE`] bytes each [`RATE_WINDOW`].
+pub(super) struct Rate {
+    since: Instant,
+    bytes: u64,
+}
+
+impl Rate {
+    pub(super) fn new() -> Rate {
+        Rate {
+            since: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `n` bytes just in: an error once a whole window brought too few.
+    pub(super) fn note(&mut self, n: usize) -> std::result::Result<(), OciDistributionError> {
+        self.bytes += n as u64;
+        let window = self.since.elapsed();
+        if window < RATE_WINDOW {
+            return Ok(());
+        }
+        if self.bytes < MIN_RATE {
+            return Err(OciDistributionError::GenericError(Some(format!(
+                "the registry sent {} bytes in {}s, slower than the {} KiB each {}s a transfer \
+                 must keep up: cut off (is it overloaded, or hostile?)",
+                self.bytes,
+                window.as_secs(),
+                MIN_RATE >> 10,
+                RATE_WINDOW.as_secs()
+            ))));
+        }
+        *self = Rate::new();
+        Ok(())
     }
 }
 
-/// What to do about a transfer the registry cut off or could not store.
-fn cut_or_full(text: &str) -> &'static str {
-    let t = text.to_ascii_lowercase();
-    if t.contains("os error 28") {
-        " (this host's disk is full: make room where the snapshot store is, then run the same \
-         command again)"
-    } else if t.contains("no space left") {
-        " (the registry's storage is full: make room there, then push again; the blobs it \
-         has already are not sent again)"
-    } else if [
-        "error decoding response body",
-        "connection reset",
-        "broken pipe",
-        "unexpected eof",
-        "incompletemessage",
-    ]
-    .iter()
-    .any(|m| t.contains(m))
-    {
-        " (the connection to the registry broke mid-transfer: run the same command again \
-         once it is back)"
-    } else {
-        ""
-    }
+fn late_text(limit: Duration) -> String {
+    format!(
+        "it did not finish within the {}s this transfer may take: cut off (the registry is too \
+         slow, or never ends its answer)",
+        limit.as_secs()
+    )
 }
 
-/// `text` with every URL's query cut off: an upload URL's `_state` is a session of the
-/// registry's, noise at best in an error.
-fn without_url_queries(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("://") {
-        let (head, tail) = rest.split_at(at);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| c.is_whitespace() || matches!(c, ')' | ',' | '"' | '\''))
-            .unwrap_or(tail.len());
-        let url = &tail[..end];
-        out.push_str(url.split_once('?').map_or(url, |(u, _)| u));
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Whether the registry said there is no such manifest or repository.
-fn not_found(e: &OciDistributionError) -> bool {
-    use oci_client::errors::OciErrorCode;
-    match e {
-        OciDistributionError::ImageManifestNotFoundError(_)
-        | OciDistributionError::ServerError { code: 404, .. } => true,
-        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
-            matches!(
-                e.code,
-                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
-            )
-        }),
-        _ => false,
-    }
+/// `what` of `shown` ran past the transfer's deadline (`limit` after it began waiting).
+fn late(what: &str, shown: &str, limit: Duration) -> Error {
+    Error::from(format!("{what} of {shown}: {}", late_text(limit)))
 }
 
 fn check_digest(digest: &str, hex: &str) -> Result<()> {
@@ -644,30 +551,4 @@ fn check_digest(digest: &str, hex: &str) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn url_queries_are_cut_from_errors() {
-        let text = "Server error: url https://r:5000/v2/a/blobs/uploads/1?_state=SECRET&digest=x, \
-                    code: 500 (see http://r/x?y=1)";
-        let cut = without_url_queries(text);
-        assert_eq!(
-            cut,
-            "Server error: url https://r:5000/v2/a/blobs/uploads/1, code: 500 (see http://r/x)"
-        );
-        assert_eq!(without_url_queries("no url here"), "no url here");
-    }
-
-    #[test]
-    fn a_full_or_cut_transfer_says_what_to_do() {
-        assert!(cut_or_full("write …/data: no space left on device").contains("registry's"));
-        assert!(cut_or_full("No space left on device (os error 28)").contains("this host's"));
-        assert!(cut_or_full("error decoding response body").contains("run the same command"));
-        assert!(cut_or_full("Connection reset by peer (os error 104)").contains("again"));
-        assert_eq!(cut_or_full("404 not found"), "");
-    }
 }
