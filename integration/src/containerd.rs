@@ -142,6 +142,8 @@ pub enum Setup {
         network: u8,
         /// More runtime options for the node (`[trust]`, `[encryption]`).
         options: String,
+        /// More keys of its `[restore_from]` (`registries`, `suspend_to`, ...).
+        restore_from: String,
     },
 }
 
@@ -154,6 +156,8 @@ pub struct CriOptions {
     pub network: u8,
     /// Appended to the node's runtime options.
     pub options: String,
+    /// Appended to its `[restore_from]` (which lets the `default` namespace in).
+    pub restore_from: String,
 }
 
 pub struct Containerd {
@@ -234,6 +238,7 @@ impl Containerd {
             registry_auth: o.registry_auth,
             network: o.network,
             options: o.options,
+            restore_from: o.restore_from,
         })?;
         c.import_busybox()?;
         // Blocks for ever, as `tail` rather than `sleep`: critest looks for its own sleeps.
@@ -819,11 +824,17 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
             registry_hosts,
             registry_auth,
             options,
+            restore_from,
             ..
         } => {
+            let namespaces = if restore_from.contains("namespaces =") {
+                ""
+            } else {
+                "namespaces = [\"default\"]\n"
+            };
             let mut r = format!(
-                "\n{options}\n[restore_from]\nenabled = true\nnamespaces = [\"default\"]\n\
-                 wait_secs = 8\n"
+                "\n{options}\n[restore_from]\nenabled = true\n{namespaces}wait_secs = 8\n\
+                 {restore_from}\n"
             );
             if let Some(hosts) = registry_hosts {
                 r.push_str(&format!("hosts_dir = \"{}\"\n", hosts.display()));

@@ -324,6 +324,7 @@ impl Cluster {
                 registry_auth: how.registry.map(|r| r.docker_config.clone()),
                 network: i as u8,
                 options: String::new(),
+                restore_from: String::new(),
             })
             .map_err(|e| format!("containerd of {name}: {e}"))?;
             cluster.start_kubelet(&pki, i, &containerd)?;

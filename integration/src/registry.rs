@@ -26,7 +26,8 @@ pub fn storage_filesystem(dir: &Path) -> String {
 
 /// Like [`config`], with `storage` (a YAML `storage:` block) for the blobs.
 pub fn config_with(dir: &Path, addr: &str, tls: bool, storage: &str) -> String {
-    let mut c = format!("version: 0.1\nlog:\n  level: warn\n{storage}http:\n  addr: {addr}\n");
+    // Info: each request is logged (method, URI, user), which tests read.
+    let mut c = format!("version: 0.1\nlog:\n  level: info\n{storage}http:\n  addr: {addr}\n");
     if tls {
         let _ = write!(
             c,
@@ -318,6 +319,79 @@ impl Secured {
             .map_err(|e| format!("curl: {e}"))?;
         if !out.status.success() {
             return Err(format!("PUT {path}: {:?}", out.status));
+        }
+        Ok(())
+    }
+
+    /// Blob `digest` of repository `repo`, read behind the clients' backs.
+    pub fn get_blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>, String> {
+        let out = self
+            .curl(&format!("{repo}/blobs/{digest}"))
+            .arg("-L")
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("GET {repo} blob {digest}: {:?}", out.status));
+        }
+        Ok(out.stdout)
+    }
+
+    /// Uploads `bytes` as a blob of repository `repo` (an attacker's write): its digest.
+    pub fn put_blob(&self, repo: &str, bytes: &[u8]) -> Result<String, String> {
+        let digest = format!(
+            "sha256:{}",
+            chalk_runtime::snapshot::hash::sha256_hex(bytes)
+        );
+        let file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        std::fs::write(file.path(), bytes).map_err(|e| e.to_string())?;
+        // One POST-then-PUT upload: the POST says where the PUT goes.
+        let out = self
+            .curl(&format!("{repo}/blobs/uploads/"))
+            .args(["-X", "POST", "-D", "-", "-o", "/dev/null"])
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        let head = String::from_utf8_lossy(&out.stdout);
+        let location = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("location"))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .ok_or_else(|| format!("POST {repo} upload: no Location in {head:?}"))?;
+        let url = if location.starts_with("http") {
+            location
+        } else {
+            format!("https://{}{location}", self.addr)
+        };
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let out = Command::new("curl")
+            .arg("-sf")
+            .arg("--cacert")
+            .arg(self.dir.join("ca.crt"))
+            .args(["-u", &format!("{USER}:{PASSWORD}")])
+            .args(["-X", "PUT", "-H", "Content-Type: application/octet-stream"])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.path().display()))
+            .arg(format!("{url}{sep}digest={digest}"))
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("PUT {repo} blob {digest}: {:?}", out.status));
+        }
+        Ok(digest)
+    }
+
+    /// Links blob `digest` of repository `from` into `to` (a cross-repository mount).
+    pub fn mount_blob(&self, from: &str, to: &str, digest: &str) -> Result<(), String> {
+        let out = self
+            .curl(&format!("{to}/blobs/uploads/?mount={digest}&from={from}"))
+            .args(["-X", "POST", "-o", "/dev/null", "-w", "%{http_code}"])
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        let code = String::from_utf8_lossy(&out.stdout).to_string();
+        if code.trim() != "201" {
+            return Err(format!("mount {digest} from {from} into {to}: HTTP {code}"));
         }
         Ok(())
     }

@@ -23,6 +23,8 @@ use chalk_runtime::pod_restore::RESTORE_FROM;
 
 #[path = "cri/network.rs"]
 mod network;
+#[path = "cri/tenants.rs"]
+mod tenants;
 
 /// The shared environment with containerd's CRI plugin as a client.
 struct CriEnv {
@@ -654,7 +656,7 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
     std::thread::sleep(Duration::from_millis(2500));
     let snapshot = pod_snapshot(e, &source)?;
     let at_snapshot = e.counter(&web)?;
-    let reference = format!("{}/pods/pushed:v1", registry.addr);
+    let reference = format!("{}/pods/default/pushed:v1", registry.addr);
     let pushed = chalkctl_to_registry(
         e,
         &["snapshot", "push", "--snapshot-id", &snapshot, &reference],
@@ -667,7 +669,7 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
         .ok_or("the registry holds no layer of the snapshot")?;
     let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
     ensure!(deleted.code == 0, "delete: {deleted:?}");
-    let pinned = format!("{}/pods/pushed@{snapshot}", registry.addr);
+    let pinned = format!("{}/pods/default/pushed@{snapshot}", registry.addr);
 
     let started = Instant::now();
     let pod = e.cri.run_pod_with(
@@ -704,7 +706,11 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
 
     // A digest the registry does not hold, then the snapshot's memory altered in the
     // registry's storage.
-    let absent = format!("{}/pods/pushed@sha256:{}", registry.addr, "1".repeat(64));
+    let absent = format!(
+        "{}/pods/default/pushed@sha256:{}",
+        registry.addr,
+        "1".repeat(64)
+    );
     let mut bytes = std::fs::read(&memory).map_err(|err| err.to_string())?;
     let at = bytes.len() / 2;
     bytes[at] ^= 0xff;
@@ -787,30 +793,36 @@ fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
     let recipient = chalkctl_to_registry(e, &["snapshot", "keygen", "--out", &keys.key("age.key")]);
     ensure!(recipient.code == 0, "keygen: {recipient:?}");
     let cases = [
-        (pinned("signed/unsigned:v1", &[])?, "it has no signature"),
         (
-            pinned("signed/other:v1", &["--sign", &other])?,
+            pinned("signed/default/unsigned:v1", &[])?,
+            "it has no signature",
+        ),
+        (
+            pinned("signed/default/other:v1", &["--sign", &other])?,
             "does not verify with any of the keys",
         ),
         (
-            pinned("pods/sealed:v1", &["--encrypt-to", recipient.stdout.trim()])?,
+            pinned(
+                "pods/default/sealed:v1",
+                &["--encrypt-to", recipient.stdout.trim()],
+            )?,
             "is encrypted and this host has no key",
         ),
     ];
     // A signature changed in the registry; one moved onto another snapshot's manifest.
-    let changed = pinned("signed/changed:v1", &["--sign", &trusted])?;
-    let mut m = registry.get_manifest(&sig("signed/changed", &changed))?;
+    let changed = pinned("signed/default/changed:v1", &["--sign", &trusted])?;
+    let mut m = registry.get_manifest(&sig("signed/default/changed", &changed))?;
     sealing::tamper_signature(&mut m);
-    registry.put_manifest(&sig("signed/changed", &changed), &m)?;
-    let signed_first = pinned("signed/swapped:v1", &["--sign", &trusted])?;
-    let swapped = push_as(&later, "signed/swapped:v2", &[])?;
-    let moved = registry.get_manifest(&sig("signed/swapped", &signed_first))?;
-    registry.put_manifest(&sig("signed/swapped", &swapped), &moved)?;
+    registry.put_manifest(&sig("signed/default/changed", &changed), &m)?;
+    let signed_first = pinned("signed/default/swapped:v1", &["--sign", &trusted])?;
+    let swapped = push_as(&later, "signed/default/swapped:v2", &[])?;
+    let moved = registry.get_manifest(&sig("signed/default/swapped", &signed_first))?;
+    registry.put_manifest(&sig("signed/default/swapped", &swapped), &moved)?;
     let cases = cases.into_iter().chain([
         (changed, "does not verify with any of the keys"),
         (swapped, "the manifest was changed or swapped after signing"),
     ]);
-    let signed = pinned("signed/good:v1", &["--sign", &trusted])?;
+    let signed = pinned("signed/default/good:v1", &["--sign", &trusted])?;
     e.stop_and_remove(&source)?;
     for snap in [&snapshot, &later] {
         let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", snap]);
@@ -863,7 +875,7 @@ fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> Tes
             "from-missing",
             "default",
             missing.as_str(),
-            "not in this node's store",
+            "not a snapshot of this namespace",
         ),
         ("from-a-tag", "default", "latest", "not pinned by digest"),
         (
@@ -1016,7 +1028,7 @@ fn main() {
         Some(r) => {
             let (keys, options) = SigningKeys::make(&format!("{}/signed", r.addr))
                 .unwrap_or_else(|e| panic!("cannot make keys: {e}"));
-            (Some(keys), options)
+            (Some(keys), format!("{options}{}", tenants::trust(&r.addr)))
         }
         None => (None, String::new()),
     };
@@ -1024,6 +1036,10 @@ fn main() {
         registry_hosts: registry.as_ref().map(|r| r.hosts_dir.clone()),
         registry_auth: registry.as_ref().map(|r| r.docker_config.clone()),
         options: trust,
+        restore_from: registry
+            .as_ref()
+            .map(|r| tenants::restore_from(&r.addr))
+            .unwrap_or_default(),
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -1062,7 +1078,8 @@ fn main() {
     .chain(
         cases![
             a_pod_starts_from_a_registry_snapshot_this_node_lacks,
-            a_pod_starts_only_from_a_snapshot_its_node_trusts
+            a_pod_starts_only_from_a_snapshot_its_node_trusts,
+            tenants::a_namespace_never_restores_anothers_snapshot
         ]
         .into_iter()
         .map(|c| c.ignored_if(old_runsc || registry.is_none())),

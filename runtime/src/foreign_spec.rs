@@ -16,6 +16,7 @@
 //! | `process.user` (uid, gid, umask, additionalGids) | as is | ids inside gVisor's kernel: runsc runs the sandbox as its own host user whatever they are |
 //! | `process.capabilities` | each set within containerd's default set | capabilities inside gVisor's kernel, and never more than a container gets here without asking |
 //! | `process.noNewPrivileges` | as is | it only takes privileges away |
+//! | `process.rlimits` | as is | limits gVisor's kernel keeps on the processes inside (and runsc refuses a restore whose rlimits differ from the checkpoint's) |
 //! | `root.readonly` | as is | it only takes writes away; `root.path` is always the bundle's own `rootfs` |
 //! | `hostname`, `domainname` | as is | names inside the sandbox's own UTS namespace |
 //! | `mounts` of `proc`, `sysfs`, `tmpfs`, `devpts`, `mqueue`, `cgroup`, `cgroup2` | destination, type, options | file systems gVisor's kernel makes inside the sandbox, from no host path |
@@ -25,14 +26,18 @@
 //! | `linux.resources` memory, cpu shares/quota/period, pids | as is | limits of the sandbox's own cgroup: they only narrow, and a restore may not widen them |
 //! | `linux.maskedPaths`, `readonlyPaths`, `seccomp` | as is | they only take access away, inside the sandbox |
 //!
+//! runsc (from 2025) refuses a restore whose spec differs from the checkpoint's in most
+//! fields: a snapshot whose sandbox had a device, a sysctl, an OOM score or an LSM label is
+//! therefore refused when it comes from elsewhere, rather than run with them.
+//!
 //! Everything else is dropped, and named: `hooks` (runsc runs them on the host, as root),
 //! `linux.devices` and `resources.devices` (host devices), `linux.cgroupsPath` (the host's
 //! cgroup tree: the restoring side's containerd places it), `resources` `unified`, `blockIO`,
 //! `hugepageLimits`, `rdma`, `network` and cpusets (host resources), `linux.sysctl`,
 //! `uidMappings`/`gidMappings`, the `user` namespace, `intelRdt`, `rootfsPropagation`,
 //! `mountLabel`, `personality`, `timeOffsets`, `process` `apparmorProfile`, `selinuxLabel`,
-//! `oomScoreAdj`, `ioPriority`, `scheduler`, `execCPUAffinity` and `rlimits` (host placement
-//! and host LSM labels), and every other annotation (`dev.gvisor.*` flags runsc obeys,
+//! `oomScoreAdj`, `ioPriority`, `scheduler` and `execCPUAffinity` (host placement and host LSM
+//! labels), and every other annotation (`dev.gvisor.*` flags runsc obeys,
 //! `cdi.k8s.io/*` devices, `chalk.io/hooks`, `chalk.io/ports`, `chalk.io/private-mounts-of`,
 //! `chalk.io/gpu`).
 
@@ -231,7 +236,7 @@ fn process(p: &Value, dropped: &mut Vec<String>) -> Value {
     copy(
         p,
         &mut out,
-        &["terminal", "consoleSize", "args", "env", "cwd"],
+        &["terminal", "consoleSize", "args", "env", "cwd", "rlimits"],
     );
     if let Some(user) = p.get("user") {
         let mut u = Map::new();
@@ -269,6 +274,7 @@ fn process(p: &Value, dropped: &mut Vec<String>) -> Value {
             "args",
             "env",
             "cwd",
+            "rlimits",
             "user",
             "capabilities",
             "noNewPrivileges",
@@ -436,7 +442,7 @@ mod tests {
         assert_eq!(s["root"], json!({"path": "rootfs", "readonly": true}));
         assert!(s["process"].get("oomScoreAdj").is_none());
         assert!(s["process"].get("apparmorProfile").is_none());
-        assert!(s["process"].get("rlimits").is_none());
+        assert_eq!(s["process"]["rlimits"][0]["type"], "RLIMIT_NOFILE");
         assert_eq!(
             s["process"]["capabilities"]["bounding"],
             json!(["CAP_KILL"])

@@ -360,6 +360,16 @@ fn forkable(
     let mut p = parts(client, &snap.index)?;
     p.source = snap.sandbox_id.clone();
     p.members = pod_members(p.manifest.as_ref())?;
+    let is_pod = spec_json(&p)?["annotations"][chalk_runtime::spec::CRI_SANDBOX_ID].is_string();
+    if !p.members.is_empty() && !is_pod {
+        return Err(format!(
+            "snapshot {} lists pod containers, but its sandbox is no pod's (its spec has no \
+             {}): refused, nothing was made",
+            crate::progress::short(&snap.digest),
+            chalk_runtime::spec::CRI_SANDBOX_ID
+        )
+        .into());
+    }
     if snap
         .labels
         .contains_key(crate::records::registry::PULLED_FROM)

@@ -264,7 +264,14 @@ impl Sandboxes {
         let _ = std::fs::remove_file(&options);
         let done = done.map_err(|e| e.to_string())?;
         if done.status != 0 {
-            let said = done.said.lines().last().unwrap_or("").to_string();
+            // Its own error line (a panic's first line, when it did).
+            let said = done
+                .said
+                .lines()
+                .find(|l| l.starts_with("chalkctl:") || l.contains("panicked"))
+                .or_else(|| done.said.lines().last())
+                .unwrap_or("")
+                .to_string();
             return Err(format!(
                 "chalkctl snapshot pull: exit {}: {said}",
                 done.status

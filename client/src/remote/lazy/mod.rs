@@ -112,12 +112,14 @@ pub fn start(exe: &Path, job: &Job, deadline: Option<std::time::Instant>) -> Res
             let _ = said.send(line);
         });
     }
-    let wait = deadline.map_or(Duration::MAX, |d| {
-        d.saturating_duration_since(std::time::Instant::now())
-    });
-    let line = heard
-        .recv_timeout(wait)
-        .unwrap_or_else(|_| "error: it was not serving by the pull's time limit".into());
+    let heard = match deadline {
+        Some(d) => heard.recv_timeout(d.saturating_duration_since(std::time::Instant::now())),
+        None => heard
+            .recv()
+            .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+    };
+    let line =
+        heard.unwrap_or_else(|_| "error: it was not serving by the pull's time limit".into());
     if line.trim() == "ready" {
         // Reaped by init once this command ends; a zombie meanwhile.
         std::thread::spawn(move || child.wait());

@@ -192,8 +192,9 @@ impl Session {
             None => self.rt.block_on(fut).map_err(raw::Waited::Failed),
             Some(d) => {
                 let limit = d.saturating_duration_since(Instant::now());
+                // The timer is made inside the runtime: it needs its clock.
                 self.rt
-                    .block_on(tokio::time::timeout_at(d.into(), fut))
+                    .block_on(async { tokio::time::timeout_at(d.into(), fut).await })
                     .map_err(|_| raw::Waited::Late(limit))?
                     .map_err(raw::Waited::Failed)
             }
