@@ -197,6 +197,7 @@ impl Sandboxes {
             runtime: &*runtime,
             features: &features,
             spec: &adapted,
+            asked: &spec,
             options: &opts.snapshot,
         };
         let restore_from = match checkpoint.as_str() {

@@ -29,6 +29,9 @@ pub(super) struct Into<'a> {
     pub runtime: &'a dyn SandboxRuntime,
     pub features: &'a Features,
     pub spec: &'a serde_json::Value,
+    /// The spec as the request brought it, before the shim adapted it (its network
+    /// namespace, ...): what a snapshot from elsewhere is checked against.
+    pub asked: &'a serde_json::Value,
     pub options: &'a SnapshotOptions,
 }
 
@@ -138,8 +141,8 @@ impl Sandboxes {
     ) -> Result<RestoreFrom> {
         // A pod's spec is the kubelet's, made on this node: the restoring side's, which
         // governs. Any other came with the request, perhaps straight from the snapshot.
-        if foreign && annotation(to.spec, CRI_CONTAINER_TYPE).is_none() {
-            let acts = acts_on_host(to.spec);
+        if foreign && annotation(to.asked, CRI_CONTAINER_TYPE).is_none() {
+            let acts = acts_on_host(to.asked);
             if !acts.is_empty() {
                 return Err(ShimError::FailedPrecondition(format!(
                     "container {}: snapshot {what} came from a registry, and the spec it would \

@@ -119,10 +119,17 @@ impl Session {
             .into()),
             Err(status) if status == reqwest::StatusCode::NOT_FOUND => Ok(Got::NotFound),
             Err(status) if status.as_u16() == 401 || status.as_u16() == 403 => Err(format!(
-                "fetch the manifest of {shown}: {} refused {} ({status}): give the right \
+                "fetch the manifest of {shown}: {} refused {} ({} {}): give the right \
                  credentials with --user user[:password] or in the docker config (docker login \
                  {})",
-                self.endpoint.host, self.who, self.endpoint.host
+                self.endpoint.host,
+                self.who,
+                status.as_u16(),
+                status
+                    .canonical_reason()
+                    .unwrap_or_default()
+                    .to_ascii_lowercase(),
+                self.endpoint.host
             )
             .into()),
             Err(status) => Err(format!("fetch the manifest of {shown}: {status}").into()),
