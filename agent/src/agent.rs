@@ -172,6 +172,14 @@ async fn take(ctx: &Context, api: &Api<PodSnapshot>, ps: &PodSnapshot) -> Result
         json!({"phase": Phase::InProgress, "node": ctx.node_name}),
     )
     .await?;
+    // The node's credentials go only where the administrator lets this namespace push.
+    if let Some(to) = ps.spec.push_to.clone() {
+        let of = ns.clone();
+        on_node(&ctx.node, move |n| {
+            crate::push_policy::check(&n.options()?.restore_from, &of, &to)
+        })
+        .await?;
+    }
     let label = key(ps);
     let taken = on_node(&ctx.node, move |n| n.snapshot(&sandbox, &label)).await?;
     let snapshot_ms = started.elapsed().as_millis() as u64;
@@ -198,8 +206,11 @@ async fn take(ctx: &Context, api: &Api<PodSnapshot>, ps: &PodSnapshot) -> Result
         pods.delete(&pod_name, &DeleteParams::default().grace_period(0))
             .await?;
         if ps.spec.push_to.is_some() && !ps.spec.keep_on_node {
-            let id = taken.id.clone();
-            on_node(&ctx.node, move |n| n.delete(&id)).await?;
+            let (id, label) = (taken.id.clone(), key(ps));
+            on_node(&ctx.node, move |n| {
+                n.delete_taken(&id, crate::node::POD_SNAPSHOT_LABEL, &label)
+            })
+            .await?;
         }
     }
     let status = PodSnapshotStatus {
@@ -236,13 +247,15 @@ async fn cleanup(ctx: &Context, ps: &PodSnapshot) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// Removes this node's snapshots of `ps` (a failure's, or a deleted PodSnapshot's).
+/// Removes this node's snapshots of `ps` (a failure's, or a deleted PodSnapshot's): those it
+/// took, and copies of its snapshot pulled for its namespace.
 async fn remove_taken(ctx: &Context, ps: &PodSnapshot) {
     let label = key(ps);
+    let ns = ps.namespace().unwrap_or_default();
     let id = ps.status.as_ref().and_then(|s| s.snapshot_id.clone());
     let gone = on_node(&ctx.node, move |n| {
         let mut gone = Vec::new();
-        for name in n.held_for(&label, id.as_deref())? {
+        for name in n.held_for(&label, &ns, id.as_deref())? {
             n.delete(&name)?;
             gone.push(name);
         }

@@ -1,6 +1,7 @@
 //! This node's side of a PodSnapshot, through containerd as chalkctl does it (blocking: the
 //! agent runs it off its async runtime): the pod's sandbox found by its UID, snapshotted,
-//! pushed, and deleted again.
+//! pushed, and deleted again. Deletes match a record by its full digest and whose copy it
+//! is (the store's ref of it): a copy pulled for another namespace is never touched.
 
 use std::path::PathBuf;
 
@@ -67,19 +68,35 @@ impl Node {
         Ok(None)
     }
 
-    /// Snapshots sandbox `sandbox` in place (it runs on), labelled with its PodSnapshot.
-    pub fn snapshot(&self, sandbox: &str, for_snapshot: &str) -> Result<Taken, String> {
-        self.snapshot_labelled(sandbox, POD_SNAPSHOT_LABEL, for_snapshot)
+    /// The shim's runtime options on this node (where pods may restore from and push to).
+    pub fn options(&self) -> Result<chalk_runtime::options::RuntimeOptions, String> {
+        self.client()?.options().map_err(|e| e.to_string())
     }
 
-    /// Snapshots sandbox `sandbox` in place, the snapshot labelled `key`=`value`.
+    /// Snapshots sandbox `sandbox` in place (it runs on), labelled with its PodSnapshot.
+    pub fn snapshot(&self, sandbox: &str, for_snapshot: &str) -> Result<Taken, String> {
+        self.snapshot_labelled(sandbox, POD_SNAPSHOT_LABEL, for_snapshot, None)
+    }
+
+    /// Snapshots sandbox `sandbox` in place, the snapshot labelled `key`=`value`, its owner
+    /// recorded as the agent-sandbox Sandbox `of_sandbox` (or none).
     pub fn snapshot_labelled(
         &self,
         sandbox: &str,
         key: &str,
         value: &str,
+        of_sandbox: Option<&str>,
     ) -> Result<Taken, String> {
         let mut client = self.client()?;
+        // The shim records this in the snapshot's owner: written by the agent just before
+        // each snapshot it takes, whatever a pod's own labels put there.
+        client
+            .set_container_label(
+                sandbox,
+                chalk_labels::OWNER_SANDBOX_LABEL,
+                Some(of_sandbox.unwrap_or("")),
+            )
+            .map_err(|e| e.to_string())?;
         let labels = vec![(key.to_string(), value.to_string())];
         let snap = snapshot::create_named(
             &mut client,
@@ -115,33 +132,114 @@ impl Node {
             .map_err(|e| e.to_string())
     }
 
-    /// Removes the snapshots of `repository` beyond the newest `keep`: what was removed.
-    pub fn prune(&self, repository: &str, keep: usize) -> Result<Vec<String>, String> {
-        chalk_client::remote::prune::prune(&self.access, repository, keep)
-            .map_err(|e| e.to_string())
+    /// Deletes this node's record of snapshot `id` (its full digest) that the agent took
+    /// (it carries `key`=`value`); one that is not here is already gone.
+    pub fn delete_taken(&self, id: &str, key: &str, value: &str) -> Result<bool, String> {
+        let client = self.client()?;
+        let mine = snapshots::all(&client)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|s| s.digest == id && s.labels.get(key).map(String::as_str) == Some(value));
+        let mut gone = false;
+        for snap in mine {
+            snapshots::delete(&client, &snap).map_err(|e| e.to_string())?;
+            gone = true;
+        }
+        Ok(gone)
     }
 
-    /// Deletes snapshot `id` from this node; one that is not here is already gone.
-    pub fn delete(&self, id: &str) -> Result<bool, String> {
+    /// Deletes the copies on this node pulled from `repository` (a Sandbox's own) for pods
+    /// of namespace `namespace`: how many.
+    pub fn delete_pulled_from(&self, repository: &str, namespace: &str) -> Result<usize, String> {
         let client = self.client()?;
-        let Ok(snap) = snapshots::find(&client, id) else {
-            return Ok(false);
-        };
-        snapshots::delete(&client, &snap).map_err(|e| e.to_string())?;
-        Ok(true)
+        let store = client.store().map_err(|e| e.to_string())?;
+        let mut gone = 0;
+        for snap in snapshots::all(&client).map_err(|e| e.to_string())? {
+            let from = snap
+                .labels
+                .get(chalk_client::records::registry::PULLED_FROM);
+            let same_repo = from.is_some_and(|f| same_repository(f, repository));
+            if same_repo && owned_by(&store, client.namespace(), &snap.name, namespace) {
+                snapshots::delete(&client, &snap).map_err(|e| e.to_string())?;
+                gone += 1;
+            }
+        }
+        Ok(gone)
     }
 
-    /// Snapshots on this node taken or pulled for PodSnapshot `for_snapshot`.
-    pub fn held_for(&self, for_snapshot: &str, id: Option<&str>) -> Result<Vec<String>, String> {
+    /// The copies on this node pulled from a registry: (record, reference pulled from, the
+    /// Kubernetes namespace it was pulled for).
+    pub fn pulled_copies(&self) -> Result<Vec<(String, String, Option<String>)>, String> {
         let client = self.client()?;
+        let store = client.store().map_err(|e| e.to_string())?;
+        Ok(snapshots::all(&client)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter_map(|s| {
+                let from = s
+                    .labels
+                    .get(chalk_client::records::registry::PULLED_FROM)?
+                    .clone();
+                let token =
+                    chalk_runtime::snapshot::store::Store::token(client.namespace(), &s.name);
+                let of = store
+                    .find_ref(&token)
+                    .and_then(|r| r.owner)
+                    .and_then(|o| o.pod_namespace().map(String::from));
+                Some((s.name, from, of))
+            })
+            .collect())
+    }
+
+    /// Snapshots on this node taken for PodSnapshot `for_snapshot` (of namespace
+    /// `namespace`), or copies of its snapshot `id` (full digest) pulled for that namespace.
+    pub fn held_for(
+        &self,
+        for_snapshot: &str,
+        namespace: &str,
+        id: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        let client = self.client()?;
+        let store = client.store().map_err(|e| e.to_string())?;
         Ok(snapshots::all(&client)
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|s| {
                 s.labels.get(POD_SNAPSHOT_LABEL).map(String::as_str) == Some(for_snapshot)
-                    || (id.is_some_and(|id| s.digest == id))
+                    || (id.is_some_and(|id| s.digest == id)
+                        && owned_by(&store, client.namespace(), &s.name, namespace))
             })
             .map(|s| s.name)
             .collect())
     }
+
+    /// Deletes this node's snapshot record `name` (as [`Node::held_for`] names them).
+    pub fn delete(&self, name: &str) -> Result<bool, String> {
+        let client = self.client()?;
+        let Ok(snap) = snapshots::find_exact(&client, name) else {
+            return Ok(false);
+        };
+        snapshots::delete(&client, &snap).map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+}
+
+/// Whether the store's copy behind record `name` (of containerd namespace `ctrd`) belongs to
+/// pods of Kubernetes namespace `namespace`.
+fn owned_by(
+    store: &chalk_runtime::snapshot::store::Store,
+    ctrd: &str,
+    name: &str,
+    namespace: &str,
+) -> bool {
+    let token = chalk_runtime::snapshot::store::Store::token(ctrd, name);
+    store
+        .find_ref(&token)
+        .and_then(|r| r.owner)
+        .is_some_and(|o| o.pod_namespace() == Some(namespace))
+}
+
+/// Whether reference `pulled` (`repo[:tag]@digest`) is of repository `repository`.
+fn same_repository(pulled: &str, repository: &str) -> bool {
+    chalk_runtime::snapshot::signature::same_repository(pulled, repository)
 }

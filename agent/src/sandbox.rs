@@ -103,6 +103,23 @@ pub fn repository(prefix: &str, namespace: &str, name: &str) -> String {
     format!("{}/{namespace}/{name}", prefix.trim_end_matches('/'))
 }
 
+/// The Sandbox (`namespace`, `name`) whose own repository under `prefix` reference
+/// `pulled` (`repo[:tag]@digest`) is in, if it is one.
+pub fn owner_of_repository(prefix: &str, pulled: &str) -> Option<(String, String)> {
+    let repo = pulled.split_once('@').map_or(pulled, |(r, _)| r);
+    let repo = match repo.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') && r.contains('/') => r,
+        _ => repo,
+    };
+    let canonical = chalk_runtime::registry_name::canonical(repo);
+    let rest = canonical.strip_prefix(&format!(
+        "{}/",
+        chalk_runtime::registry_name::canonical(prefix)
+    ))?;
+    let (ns, name) = rest.split_once('/')?;
+    (!name.contains('/')).then(|| (ns.to_string(), name.to_string()))
+}
+
 /// `list` (comma-separated) with `add` at its end, no more than `keep` kept (the newest).
 pub fn appended(list: Option<&str>, add: &str, keep: usize) -> String {
     let mut all: Vec<&str> = list
@@ -208,5 +225,22 @@ mod tests {
         assert_eq!(appended(Some("a,b,c"), "d", 3), "b,c,d");
         assert_eq!(appended(Some("a,b"), "b", 3), "a,b");
         assert_eq!(repository("reg:5000/sb/", "ns", "n"), "reg:5000/sb/ns/n");
+    }
+
+    #[test]
+    fn a_pulled_copy_names_its_sandbox_by_its_repository() {
+        let d = "sha256:00";
+        assert_eq!(
+            owner_of_repository("reg:5000/sb", &format!("reg:5000/sb/ns/n:s1@{d}")),
+            Some(("ns".into(), "n".into()))
+        );
+        assert_eq!(
+            owner_of_repository("reg:5000/sb", &format!("reg:5000/sb/ns/n/x@{d}")),
+            None
+        );
+        assert_eq!(
+            owner_of_repository("reg:5000/sb", &format!("reg:5000/other/ns/n@{d}")),
+            None
+        );
     }
 }

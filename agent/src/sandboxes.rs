@@ -3,15 +3,19 @@
 //! on its node that a Sandbox owns:
 //! - **running**: it arms the shim's hold on the pod's stop (`chalk.io/hold-stop`);
 //! - **being deleted**: if its Sandbox was suspended, the agent snapshots the pod while its
-//!   stop is held, pushes the snapshot to the Sandbox's repository, writes
-//!   `chalk.io/resume-from` where the next pod's metadata comes from, and only then lets
-//!   the stop go through as a SIGKILL. Otherwise the stop goes through at once. A failure
-//!   lets the stop go through and marks the Sandbox `chalk.io/suspend-failed`;
+//!   stop is held, pushes the snapshot to the Sandbox's repository, records the push in the
+//!   agents' own record of the Sandbox (`records`), writes `chalk.io/resume-from` where the
+//!   next pod's metadata comes from, and only then lets the stop go through as a SIGKILL.
+//!   Otherwise the stop goes through at once. A failure lets the stop go through and marks
+//!   the Sandbox `chalk.io/suspend-failed`;
 //! - **Ready again**: a pod that resumed gets `chalk.io/resumed-from`, and the agent clears
 //!   `resume-from`, so that a later crash cannot bring back stale memory. A pod that started
 //!   fresh after a failed suspend gets `chalk.io/started-fresh` with why.
 //!
-//! agent-sandbox itself is unchanged: the agent only reads it and writes metadata.
+//! A Sandbox deleted takes its copies on this node with it (those pulled from its own
+//! repository for its namespace); the registry's are the cluster agent's (`cluster`), which
+//! keeps the finalizer and the retention. agent-sandbox itself is unchanged: the agent only
+//! reads it and writes metadata.
 
 use std::{
     collections::HashSet,
@@ -20,9 +24,9 @@ use std::{
 };
 
 use chalk_labels::RESUME_FROM;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
-    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
     runtime::{
         controller::{Action, Controller},
         events::{Event as KubeEvent, EventType, Recorder, Reporter},
@@ -35,6 +39,7 @@ use serde_json::{json, Value};
 use crate::{
     node::Node,
     reconcile::{log_failures, on_node, retry_later, Error},
+    records,
     sandbox::{self, Going},
 };
 
@@ -46,8 +51,6 @@ pub const SANDBOX_LABEL: &str = "sandbox";
 pub struct Settings {
     /// `host[:port]/path`: a Sandbox's snapshots go to `PREFIX/NAMESPACE/NAME`.
     pub suspend_to: String,
-    /// How many snapshots of a Sandbox the registry keeps.
-    pub keep: usize,
     /// The RuntimeClasses whose handler is chalk-shim.
     pub runtime_classes: Vec<String>,
 }
@@ -105,7 +108,46 @@ pub async fn run(ctx: Arc<Context>) {
     let sandboxes = Controller::new_with(all, watcher::Config::default(), ctx.sandboxes.clone())
         .shutdown_on_signal()
         .run(reconcile_sandbox, retry_later, ctx.clone());
-    futures::join!(log_failures(pods), log_failures(sandboxes));
+    futures::join!(log_failures(pods), log_failures(sandboxes), sweep(&ctx));
+}
+
+/// How often the copies of Sandboxes that are gone are looked for.
+const SWEEP: Duration = Duration::from_secs(300);
+
+/// Removes, every [`SWEEP`], the copies on this node pulled from a Sandbox's own repository
+/// whose Sandbox is gone (a deletion this agent did not see, while it was down).
+async fn sweep(ctx: &Context) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => return log::warn!("no sweeps: SIGTERM cannot be watched ({e})"),
+    };
+    loop {
+        if let Err(e) = sweep_once(ctx).await {
+            log::warn!("sweeping the copies of deleted Sandboxes: {e}");
+        }
+        // The controllers end on these too.
+        tokio::select! {
+            _ = tokio::time::sleep(SWEEP) => {}
+            _ = tokio::signal::ctrl_c() => return,
+            _ = term.recv() => return,
+        }
+    }
+}
+
+async fn sweep_once(ctx: &Context) -> Result<(), Error> {
+    let copies = on_node(&ctx.node, |n| n.pulled_copies()).await?;
+    for (record, from, of) in copies {
+        let Some((ns, name)) = sandbox::owner_of_repository(&ctx.settings.suspend_to, &from) else {
+            continue;
+        };
+        if of.as_deref() != Some(ns.as_str()) || ctx.sandboxes(&ns).get_opt(&name).await?.is_some()
+        {
+            continue;
+        }
+        on_node(&ctx.node, move |n| n.delete(&record)).await?;
+        log::info!("{ns}/{name} is gone: its copy {from} left this node");
+    }
+    Ok(())
 }
 
 async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -197,7 +239,8 @@ async fn going(ctx: &Context, ns: &str, name: &str, pod: &Pod, id: &str) {
     }
 }
 
-/// Snapshot, push, resume-from written, then the stop as SIGKILL: what the event says.
+/// Snapshot, push, recorded, resume-from written, then the stop as SIGKILL: what the event
+/// says.
 async fn suspend(
     ctx: &Context,
     ns: &str,
@@ -206,12 +249,11 @@ async fn suspend(
     id: &str,
 ) -> Result<String, Error> {
     let api = ctx.sandboxes(ns);
-    ensure_finalizer(&api, name).await?;
     let key = format!("{ns}/{name}");
-    let sandbox_id = id.to_string();
+    let (sandbox_id, of) = (id.to_string(), name.to_string());
     let began = Instant::now();
     let taken = on_node(&ctx.node, move |n| {
-        n.snapshot_labelled(&sandbox_id, SANDBOX_LABEL, &key)
+        n.snapshot_labelled(&sandbox_id, SANDBOX_LABEL, &key, Some(&of))
     })
     .await?;
     let snapshot_ms = began.elapsed().as_millis();
@@ -225,17 +267,36 @@ async fn suspend(
     let pushed = on_node(&ctx.node, move |n| n.push(&snap, &target)).await;
     let push_ms = pushed_at.elapsed().as_millis();
     // The node keeps no copy either way: the registry's is the one a resume pulls.
-    let snap = taken.id.clone();
-    let _ = on_node(&ctx.node, move |n| n.delete(&snap)).await;
+    let (snap, key) = (taken.id.clone(), format!("{ns}/{name}"));
+    let _ = on_node(&ctx.node, move |n| {
+        n.delete_taken(&snap, SANDBOX_LABEL, &key)
+    })
+    .await;
     let pushed = pushed?;
+    // Recorded before anything points at it: what retention and cleanup may remove.
+    let record = records::Record {
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        uid: sb.uid().unwrap_or_default(),
+        repository: repo.clone(),
+        pushed: Vec::new(),
+    };
+    if let Err(e) = record_push(ctx, record, &pushed).await {
+        let (gone, access) = (pushed.clone(), ctx.node.access.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            chalk_client::remote::prune::remove(&access, std::slice::from_ref(&gone))
+        })
+        .await;
+        return Err(e);
+    }
     let value = serde_json::to_value(sb).unwrap_or_default();
     let claim = sandbox::claim_of(&value).map(String::from);
     write_resume(ctx, ns, name, claim.as_deref(), Some(&pushed)).await?;
-    let keep = ctx.settings.keep;
+    // For the Sandbox's readers: never what anything is removed by.
     let listed = sandbox::appended(
         sb.annotations().get(sandbox::SNAPSHOTS).map(String::as_str),
         &pushed,
-        keep,
+        LISTED,
     );
     let patch = json!({"metadata": {"annotations": {
         sandbox::SNAPSHOTS: listed,
@@ -243,16 +304,52 @@ async fn suspend(
     }}});
     merge(&api, name, &patch).await?;
     release(ctx, id, "kill").await;
-    let pruned = on_node(&ctx.node, move |n| n.prune(&repo, keep)).await;
-    let pruned = match pruned {
-        Ok(gone) if gone.is_empty() => String::new(),
-        Ok(gone) => format!("; {} older snapshots removed (keeping {keep})", gone.len()),
-        Err(e) => format!("; older snapshots not removed: {e}"),
-    };
     Ok(format!(
-        "memory kept: {pushed} ({} bytes; snapshot {snapshot_ms} ms, push {push_ms} ms){pruned}",
+        "memory kept: {pushed} ({} bytes; snapshot {snapshot_ms} ms, push {push_ms} ms)",
         taken.size
     ))
+}
+
+/// How many of a Sandbox's snapshots its annotation lists.
+const LISTED: usize = 5;
+
+/// Adds `pushed` to the agents' record of the Sandbox `fresh` describes (made if none), with
+/// the record's latest version: another node's agent may write it too.
+async fn record_push(ctx: &Context, fresh: records::Record, pushed: &str) -> Result<(), Error> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), records::NAMESPACE);
+    let name = records::name_of(&fresh.namespace, &fresh.name);
+    for _ in 0..5 {
+        let existing = api.get_opt(&name).await?;
+        let done = match &existing {
+            None => {
+                let cm = fresh.clone().with(pushed).to_config_map();
+                api.create(&PostParams::default(), &cm).await.map(drop)
+            }
+            Some(cm) => {
+                let record = records::Record::from_config_map(cm)
+                    .filter(|r| r.uid == fresh.uid)
+                    .ok_or_else(|| {
+                        Error::Node(format!(
+                            "the record {name} is of an earlier Sandbox {}/{}, whose snapshots \
+                             the cluster agent has not removed yet: suspend again later",
+                            fresh.namespace, fresh.name
+                        ))
+                    })?;
+                let mut updated = record.with(pushed).to_config_map();
+                updated.metadata.resource_version = cm.metadata.resource_version.clone();
+                api.replace(&name, &PostParams::default(), &updated)
+                    .await
+                    .map(drop)
+            }
+        };
+        match done {
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            other => return other.map_err(Error::from),
+        }
+    }
+    Err(Error::Node(format!(
+        "the record {name} kept changing: the push is not recorded"
+    )))
 }
 
 /// Sets (or clears) the snapshot the Sandbox's next pod resumes from, where that pod's
@@ -318,75 +415,21 @@ async fn started(
     Ok(())
 }
 
-/// A Sandbox being deleted takes its snapshots with it: the registry's (any agent), and any
-/// copy on this node.
+/// A Sandbox being deleted takes its copies on this node with it: those pulled from its own
+/// repository for its namespace, by their records' full digests. The registry's are the
+/// cluster agent's.
 async fn reconcile_sandbox(sb: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if sb.meta().deletion_timestamp.is_none()
-        || !sb.finalizers().iter().any(|f| f == sandbox::FINALIZER)
-    {
+    if sb.meta().deletion_timestamp.is_none() {
         return Ok(Action::await_change());
     }
     let (ns, name) = (sb.namespace().unwrap_or_default(), sb.name_any());
     let repo = sandbox::repository(&ctx.settings.suspend_to, &ns, &name);
-    let gone = on_node(&ctx.node, move |n| n.prune(&repo, 0)).await?;
-    let listed: Vec<String> = sb
-        .annotations()
-        .get(sandbox::SNAPSHOTS)
-        .map(|l| l.split(',').map(String::from).collect())
-        .unwrap_or_default();
-    let local = on_node(&ctx.node, move |n| {
-        let mut removed = 0;
-        for r in &listed {
-            if let Some((_, digest)) = r.rsplit_once('@') {
-                if n.delete(digest).unwrap_or(false) {
-                    removed += 1;
-                }
-            }
-        }
-        Ok(removed)
-    })
-    .await?;
-    let finalizers: Vec<&String> = sb
-        .finalizers()
-        .iter()
-        .filter(|f| *f != sandbox::FINALIZER)
-        .collect();
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": sb.resource_version(),
-    }});
-    match merge(&ctx.sandboxes(&ns), &name, &patch).await {
-        Ok(()) => log::info!(
-            "{ns}/{name}: deleted with its {} snapshots in the registry ({local} on this node)",
-            gone.len()
-        ),
-        // Another node's agent got there first.
-        Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 || e.code == 404 => {}
-        Err(e) => return Err(e),
+    let of = ns.clone();
+    let gone = on_node(&ctx.node, move |n| n.delete_pulled_from(&repo, &of)).await?;
+    if gone > 0 {
+        log::info!("{ns}/{name}: deleted; its {gone} copies on this node went with it");
     }
     Ok(Action::await_change())
-}
-
-/// Adds chalk's finalizer to the Sandbox, against its latest version: its controller and
-/// users change it too, so a conflict is looked at again rather than failing a suspend.
-async fn ensure_finalizer(api: &Api<DynamicObject>, name: &str) -> Result<(), Error> {
-    let mut tries = 0;
-    loop {
-        let sb = api.get(name).await?;
-        if sb.finalizers().iter().any(|f| f == sandbox::FINALIZER) {
-            return Ok(());
-        }
-        let mut finalizers = sb.finalizers().to_vec();
-        finalizers.push(sandbox::FINALIZER.into());
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": sb.resource_version(),
-        }});
-        match merge(api, name, &patch).await {
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 && tries < 5 => tries += 1,
-            done => return done,
-        }
-    }
 }
 
 async fn release(ctx: &Context, id: &str, verdict: &'static str) {

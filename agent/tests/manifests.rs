@@ -18,15 +18,13 @@ fn the_committed_crd_is_the_one_the_agent_serves() {
     );
 }
 
-#[test]
-fn the_agents_role_grants_only_what_it_uses() {
+/// Every `resource verb` that documents of `kind` named `name` in agent.yaml grant.
+fn grants(kind: &str, name: &str) -> Vec<String> {
     let text = packaging("agent.yaml");
     let role: serde_yaml::Value = serde_yaml::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .find(|d: &serde_yaml::Value| {
-            d["kind"] == "ClusterRole" && d["metadata"]["name"] == "chalk-agent"
-        })
-        .expect("the agent's ClusterRole");
+        .find(|d: &serde_yaml::Value| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name}"));
     let mut grants: Vec<String> = Vec::new();
     for rule in role["rules"].as_sequence().unwrap() {
         for r in rule["resources"].as_sequence().unwrap() {
@@ -36,8 +34,13 @@ fn the_agents_role_grants_only_what_it_uses() {
         }
     }
     grants.sort();
+    grants
+}
+
+#[test]
+fn the_agents_roles_grant_only_what_they_use() {
     assert_eq!(
-        grants,
+        grants("ClusterRole", "chalk-agent"),
         [
             "events create",
             "events patch",
@@ -59,4 +62,54 @@ fn the_agents_role_grants_only_what_it_uses() {
             "sandboxes watch",
         ]
     );
+    // Its records of what it pushed, in its own namespace only.
+    assert_eq!(
+        grants("Role", "chalk-agent"),
+        ["configmaps create", "configmaps get", "configmaps update"]
+    );
+    // The cluster agent: no pods, no nodes, no PodSnapshots.
+    assert_eq!(
+        grants("ClusterRole", "chalk-cluster-agent"),
+        [
+            "sandboxes get",
+            "sandboxes list",
+            "sandboxes patch",
+            "sandboxes watch"
+        ]
+    );
+    assert_eq!(
+        grants("Role", "chalk-cluster-agent"),
+        [
+            "configmaps delete",
+            "configmaps get",
+            "configmaps list",
+            "configmaps update",
+            "configmaps watch"
+        ]
+    );
+}
+
+#[test]
+fn the_node_agent_runs_only_on_chalk_nodes_and_is_held_to_its_own() {
+    let text = packaging("agent.yaml");
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["nodeSelector"]["chalk.io/runtime"],
+        "true"
+    );
+    let policies: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .map(|d| d["spec"]["policyName"].as_str().unwrap())
+        .collect();
+    for p in [
+        "chalk-agent-own-node-pods",
+        "chalk-agent-own-node-podsnapshots",
+        "chalk-agent-sandbox-metadata",
+    ] {
+        assert!(policies.contains(&p), "{p} is not bound: {policies:?}");
+    }
 }

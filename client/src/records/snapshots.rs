@@ -344,6 +344,15 @@ pub fn find(client: &Client, query: &str) -> Result<Snapshot> {
     }
 }
 
+/// The snapshot whose record is named `name` exactly (never a prefix or a digest): what a
+/// program that acts for someone else deletes by.
+pub fn find_exact(client: &Client, name: &str) -> Result<Snapshot> {
+    all(client)?
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| format!("snapshot record {name}: not found").into())
+}
+
 /// `list`: one page.
 pub fn list(
     client: &Client,

@@ -1,6 +1,7 @@
-//! Snapshots in a registry repository, kept to the newest few or all removed: what the node
-//! agent does with a Sandbox's suspends (tagged `s<milliseconds since 1970>`). Tags of any
-//! other form (a user's, the referrers fallback, the base image) are never touched.
+//! Snapshots in a registry repository, kept to the newest few or all removed (tagged
+//! `s<milliseconds since 1970>`; tags of any other form, a user's, the referrers fallback, the
+//! base image, are never touched), or removed one by one by their full digests: what the
+//! cluster agent does with the suspends it has a record of.
 
 use oci_client::Reference;
 
@@ -47,6 +48,41 @@ pub fn prune(access: &Access, repository: &str, keep: usize) -> Result<Vec<Strin
         }
     }
     Err(last.unwrap_or_else(|| Error::from(format!("no host for {repository}"))))
+}
+
+/// Removes each snapshot `references` names (`repo[:tag]@sha256:…`, its full digest) from
+/// its repository: those removed (one already gone is not an error).
+pub fn remove(access: &Access, references: &[String]) -> Result<Vec<String>> {
+    let mut gone = Vec::new();
+    for reference in references {
+        let r = super::reference(reference)?;
+        let digest = r
+            .digest()
+            .filter(|d| chalk_runtime::snapshot::oci::sha256_hex_of(d).is_some())
+            .ok_or_else(|| {
+                Error::from(format!("{reference}: a removal names a full sha256 digest"))
+            })?
+            .to_string();
+        let mut last = None;
+        for s in session::sessions(access, &r, Use::Push)? {
+            match s.delete_manifest(&r, &digest) {
+                Ok(true) => {
+                    gone.push(reference.clone());
+                    last = None;
+                    break;
+                }
+                Ok(false) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            return Err(e);
+        }
+    }
+    Ok(gone)
 }
 
 fn prune_at(s: &Session, r: &Reference, keep: usize) -> Result<Vec<String>> {
