@@ -683,6 +683,19 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
     let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
     e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
     let running_in = started.elapsed();
+    // The pull ran in the pulls' cgroup: the server of the memory it left to arrive (alive
+    // a while after its file is whole) is still there to say so.
+    let servers = serving_processes();
+    ensure!(
+        !servers.is_empty(),
+        "no server of the pod's memory was found"
+    );
+    for (pid, cgroup) in &servers {
+        ensure!(
+            cgroup.contains("/chalk-pulls"),
+            "the server of the pod's memory (pid {pid}) runs outside chalk-pulls: {cgroup}"
+        );
+    }
     let n = e.counter(&web2)?;
     ensure!(
         n + 1 >= at_snapshot,
@@ -736,6 +749,18 @@ fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResu
         );
     }
     Ok(())
+}
+
+/// The `chalkctl serve-lazy` processes running, with their cgroups.
+fn serving_processes() -> Vec<(String, String)> {
+    procs::processes()
+        .into_iter()
+        .filter(|(_, args)| args.iter().any(|a| a == "serve-lazy"))
+        .map(|(pid, _)| {
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            (pid.to_string(), cgroup)
+        })
+        .collect()
 }
 
 /// Checks that the pods named `name` (a refused RunPodSandbox may leave a NotReady record)

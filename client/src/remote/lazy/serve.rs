@@ -180,7 +180,12 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
 /// (their sandbox ended) before the blob all arrived, or no reader came.
 fn watch(arrivals: &Arrivals, readers: &Readers, served: Instant, deadline: Instant) {
     while !arrivals.complete() && arrivals.failure().is_none() {
-        let why = stop_because(readers, served.elapsed(), Instant::now() >= deadline);
+        let why = stop_because(
+            readers.ever(),
+            readers.gone_for(),
+            served.elapsed(),
+            Instant::now() >= deadline,
+        );
         if let Some(why) = why {
             arrivals.fail(&why);
             return;
@@ -189,8 +194,14 @@ fn watch(arrivals: &Arrivals, readers: &Readers, served: Instant, deadline: Inst
     }
 }
 
-/// Why a server `served_for` so long, whose readers are `readers`, should stop, if it should.
-fn stop_because(readers: &Readers, served_for: Duration, late: bool) -> Option<String> {
+/// Why a server `served_for` so long should stop, if it should: `ever` whether a reader ever
+/// opened the file, `gone_for` how long it has had none since, `late` its deadline passed.
+fn stop_because(
+    ever: bool,
+    gone_for: Option<Duration>,
+    served_for: Duration,
+    late: bool,
+) -> Option<String> {
     if late {
         return Some(
             "it did not all arrive within the time its server may take (the registry is too \
@@ -198,14 +209,14 @@ fn stop_because(readers: &Readers, served_for: Duration, late: bool) -> Option<S
                 .into(),
         );
     }
-    if readers.gone_for().is_some_and(|g| g >= READERS_GONE) {
+    if gone_for.is_some_and(|g| g >= READERS_GONE) {
         return Some(
             "every sandbox reading it closed it (they ended) before it all arrived: the rest \
              is not fetched"
                 .into(),
         );
     }
-    if !readers.ever() && served_for >= OPEN_WAIT {
+    if !ever && served_for >= OPEN_WAIT {
         return Some(format!(
             "no restore opened it within {}s of its serving",
             OPEN_WAIT.as_secs()
@@ -241,5 +252,25 @@ fn unmount(path: &std::path::Path, limit: Duration) {
             return;
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_ends_with_its_readers_without_one_and_by_its_deadline() {
+        let s = Duration::from_secs;
+        // Read now, or just closed by one reader while another may come: it goes on.
+        assert_eq!(stop_because(true, None, s(600), false), None);
+        assert_eq!(stop_because(true, Some(s(1)), s(600), false), None);
+        assert_eq!(stop_because(false, None, s(5), false), None);
+        let gone = stop_because(true, Some(READERS_GONE), s(20), false).unwrap();
+        assert!(gone.contains("closed it"), "{gone}");
+        let nobody = stop_because(false, None, OPEN_WAIT, false).unwrap();
+        assert!(nobody.contains("no restore opened it"), "{nobody}");
+        let late = stop_because(true, None, s(1), true).unwrap();
+        assert!(late.contains("within the time"), "{late}");
     }
 }

@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod pki;
+
 use crate::{containerd::CriOptions, registry::Secured, Containerd, CtrOutput};
+use pki::{kubeconfig, make_pki};
 
 /// The nodes' names and addresses, on the loopback interface: reachable from this machine
 /// only (a kubelet refuses a loopback node IP, and the API server reaches a kubelet by it).
@@ -55,6 +58,27 @@ impl Binaries {
             etcd: var("CHALK_ETCD")?,
         })
     }
+
+    /// The API server's alone (kube-apiserver and kubectl in CHALK_K8S_BIN, CHALK_ETCD):
+    /// what [`Cluster::start_api`] needs (scripts/peers --apiserver builds them).
+    pub fn api_from_env() -> Result<Self, String> {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("{k} is not set: run scripts/peers --apiserver"))
+        };
+        let bin = var("CHALK_K8S_BIN")?;
+        let none = PathBuf::from("/nonexistent");
+        Ok(Binaries {
+            apiserver: bin.join("kube-apiserver"),
+            scheduler: none.clone(),
+            controller_manager: none.clone(),
+            kubelet: none,
+            kubectl: bin.join("kubectl"),
+            etcd: var("CHALK_ETCD")?,
+        })
+    }
 }
 
 /// One node: its name, address and containerd (its kubelet is among the cluster's children).
@@ -73,151 +97,6 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
     bins: Binaries,
     children: Vec<(String, Child)>,
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<(), String> {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .map_err(|e| format!("openssl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
-
-/// Makes the run's CA and the certificates signed by it: `name.crt`/`name.key` in `pki`,
-/// a kubelet's client and serving pair for each of `nodes`.
-fn make_pki(pki: &Path, nodes: &[(&str, &str)]) -> Result<(), String> {
-    fs::create_dir_all(pki).map_err(|e| e.to_string())?;
-    openssl(
-        pki,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=chalk-k8s-ca",
-        ],
-    )?;
-    let mut certs: Vec<(String, String, &str, String)> = vec![
-        (
-            "apiserver".into(),
-            "/CN=kube-apiserver".into(),
-            "serverAuth",
-            "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default".into(),
-        ),
-        (
-            "admin".into(),
-            "/O=system:masters/CN=chalk-admin".into(),
-            "clientAuth",
-            String::new(),
-        ),
-        (
-            "apiserver-kubelet-client".into(),
-            "/O=system:masters/CN=kube-apiserver-kubelet-client".into(),
-            "clientAuth",
-            String::new(),
-        ),
-    ];
-    for (node, ip) in nodes {
-        certs.push((
-            format!("kubelet-client-{node}"),
-            format!("/O=system:nodes/CN=system:node:{node}"),
-            "clientAuth",
-            String::new(),
-        ));
-        certs.push((
-            format!("kubelet-{node}"),
-            format!("/CN={node}"),
-            "serverAuth",
-            format!("IP:127.0.0.1,IP:{ip},DNS:{node},DNS:localhost"),
-        ));
-    }
-    for (name, subj, usage, sans) in certs {
-        let (key, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        let subj = subj.as_str();
-        let mut e = format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n"
-        );
-        if !sans.is_empty() {
-            e.push_str(&format!("subjectAltName={sans}\n"));
-        }
-        fs::write(pki.join(&ext), e).map_err(|e| e.to_string())?;
-        openssl(
-            pki,
-            &[
-                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
-                subj,
-            ],
-        )?;
-        openssl(
-            pki,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-            ],
-        )?;
-    }
-    openssl(pki, &["genrsa", "-out", "sa.key", "2048"])?;
-    openssl(pki, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
-    Ok(())
-}
-
-fn kubeconfig(pki: &Path, user: &str) -> String {
-    let p = |f: &str| pki.join(f).display().to_string();
-    format!(
-        r#"apiVersion: v1
-kind: Config
-clusters:
-- name: chalk
-  cluster:
-    server: https://127.0.0.1:{API_PORT}
-    certificate-authority: {ca}
-users:
-- name: {user}
-  user:
-    client-certificate: {crt}
-    client-key: {key}
-contexts:
-- name: chalk
-  context: {{cluster: chalk, user: {user}}}
-current-context: chalk
-"#,
-        ca = p("ca.crt"),
-        crt = p(&format!("{user}.crt")),
-        key = p(&format!("{user}.key")),
-    )
 }
 
 fn kubelet_config(dir: &Path, pki: &Path, runtime: &Path, index: usize) -> String {
@@ -315,7 +194,7 @@ impl Cluster {
             bins: how.bins,
             children: Vec::new(),
         };
-        cluster.start_control_plane(&pki)?;
+        cluster.start_control_plane(&pki, true)?;
         for (i, (name, ip)) in nodes.iter().enumerate() {
             node_link(ip, true)?;
             let containerd = Containerd::start_cri(CriOptions {
@@ -360,7 +239,30 @@ impl Cluster {
         Ok(cluster)
     }
 
-    fn start_control_plane(&mut self, pki: &Path) -> Result<(), String> {
+    /// Starts etcd and the API server alone (no scheduler, controller manager or node):
+    /// what a test of the API's own rules (RBAC, admission policies) needs.
+    pub fn start_api(bins: Binaries) -> Result<Cluster, String> {
+        let on_stop = crate::stop::on_stop("the API server", || {});
+        let tmp = tempfile::Builder::new()
+            .prefix("chalk-k8s-api-")
+            .tempdir_in("/tmp")
+            .map_err(|e| e.to_string())?;
+        let dir = tmp.path().to_path_buf();
+        let pki = dir.join("pki");
+        make_pki(&pki, &[])?;
+        let mut cluster = Cluster {
+            _on_stop: on_stop,
+            nodes: Vec::new(),
+            dir,
+            _dir: tmp,
+            bins,
+            children: Vec::new(),
+        };
+        cluster.start_control_plane(&pki, false)?;
+        Ok(cluster)
+    }
+
+    fn start_control_plane(&mut self, pki: &Path, full: bool) -> Result<(), String> {
         let dir = self.dir.clone();
         let s = |v: &str| v.to_string();
         let etcd = spawn(
@@ -414,6 +316,9 @@ impl Cluster {
         self.wait("the API server to answer", Duration::from_secs(120), |c| {
             c.kubectl(&["get", "--raw", "/readyz"]).code == 0
         })?;
+        if !full {
+            return Ok(());
+        }
         let admin = dir.join("admin.kubeconfig").display().to_string();
         // As the admin; neither serves: nothing here reads their metrics or health.
         let common = [
