@@ -21,8 +21,16 @@ use chalk_integration::{
 };
 use chalk_runtime::pod_restore::RESTORE_FROM;
 
+#[path = "cri/crictl.rs"]
+mod crictl;
 #[path = "cri/network.rs"]
 mod network;
+#[path = "cri/registry.rs"]
+mod registry;
+#[path = "cri/restore.rs"]
+mod restore;
+use registry::SigningKeys;
+use restore::remove_refused;
 #[path = "cri/tenants.rs"]
 mod tenants;
 
@@ -39,27 +47,6 @@ struct CriEnv {
     /// A second node whose pods get CNI networks of their own (current runsc, with the CNI
     /// plugins of `CHALK_CNI_BIN`).
     net: Option<Box<CriEnv>>,
-}
-
-/// Two signing keys; the node's policy names the first.
-struct SigningKeys {
-    dir: tempfile::TempDir,
-}
-
-impl SigningKeys {
-    /// Makes them, and the runtime options that trust the first for `scope`.
-    fn make(scope: &str) -> Result<(SigningKeys, String), String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        for name in ["trusted.key", "other.key"] {
-            sealing::keygen(&dir.path().join(name), true)?;
-        }
-        let options = sealing::options(None, scope, &dir.path().join("trusted.key.pub"));
-        Ok((SigningKeys { dir }, options))
-    }
-
-    fn key(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
-    }
 }
 
 impl Deref for CriEnv {
@@ -534,513 +521,6 @@ fn pod_fork_restores_every_container(e: &CriEnv) -> TestResult {
     e.stop_and_remove(&pod)
 }
 
-/// `chalk.io/restore-from` on a new pod: its sandbox and each of its containers come up as
-/// the snapshot's restore (memory and processes carry on), as a real pod of CRI's; a container
-/// the snapshot lacks is refused by name; the source runs on throughout.
-fn a_pod_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
-    let fresh = Instant::now();
-    let (source, web, _) = web_and_side(e, "origin")?;
-    let fresh_in = fresh.elapsed();
-    std::thread::sleep(Duration::from_millis(2500));
-    let snapshot = pod_snapshot(e, &source)?;
-    let at_snapshot = e.counter(&web)?;
-
-    let started = Instant::now();
-    let pod = e.cri.run_pod_with(
-        "restored",
-        CRI_HANDLER,
-        false,
-        "default",
-        &[(RESTORE_FROM, &snapshot)],
-    )?;
-    let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
-    let side2 = e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
-    let running_in = started.elapsed();
-    ensure!(
-        e.processes_for(&pod) == (1, 1),
-        "the restored pod should be one sandbox under one shim: {:?}",
-        e.processes_for(&pod)
-    );
-    // Memory carried on: web's counter from the snapshot's value, side's file.
-    let n = e.counter(&web2)?;
-    ensure!(
-        n + 1 >= at_snapshot,
-        "the restored web counts from {n}, the source had {at_snapshot} at the snapshot"
-    );
-    let r = e
-        .cri
-        .exec_sync(&side2, &["cat", "/tmp/side"], 10 * SECOND)?;
-    ensure!(
-        r.stdout == "side-state\n",
-        "the restored side lost its memory: {r:?}"
-    );
-    for id in [&web2, &side2] {
-        let s = e.cri.container_status(id)?;
-        ensure!(
-            s.state == ContainerState::ContainerRunning as i32,
-            "{id} is {:?} in the restored pod",
-            s.state
-        );
-    }
-    // A container the snapshot does not hold is refused, by name.
-    let other = e.cri.create_container(&pod, "intruder", IMAGE, COUNTER)?;
-    let refused = e.cri.start_container(&other);
-    ensure!(
-        refused
-            .as_ref()
-            .is_err_and(|m| m.contains("\"intruder\"") && m.contains("\"web\"")),
-        "a container the snapshot lacks: {refused:?}"
-    );
-    e.cri.remove_container(&other)?;
-    // One of the snapshot's names on another image is refused too: the image must match by
-    // digest.
-    let wrong = e.cri.run_pod_with(
-        "restored-on-another-image",
-        CRI_HANDLER,
-        false,
-        "default",
-        &[(RESTORE_FROM, &snapshot)],
-    )?;
-    let web3 = e
-        .cri
-        .create_container(&wrong, "web", PAUSE_IMAGE, COUNTER)?;
-    let refused = e.cri.start_container(&web3);
-    ensure!(
-        refused
-            .as_ref()
-            .is_err_and(|m| m.contains("by digest") && m.contains("\"web\"")),
-        "the snapshot's container on another image: {refused:?}"
-    );
-    // So its containers never join it: its sandbox ends once the wait (8 s here) is over,
-    // naming them.
-    let waited = Instant::now();
-    while e.processes_for(&wrong).1 > 0 {
-        ensure!(
-            waited.elapsed() < 30 * SECOND,
-            "a restored pod whose containers never joined still runs after {:?}",
-            waited.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let log = e.c.log();
-    ensure!(
-        log.contains("did not join") && log.contains("\"side\""),
-        "the sandbox ended without naming the containers missing"
-    );
-    e.stop_and_remove(&wrong)?;
-    // The source ran on, and both go their own ways.
-    ensure!(
-        e.counter(&web)? >= at_snapshot,
-        "the source stopped counting"
-    );
-    eprintln!(
-        "pod from a snapshot (2 containers) running in {running_in:?}; the same pod fresh in \
-         {fresh_in:?}"
-    );
-    e.stop_and_remove(&pod)?;
-    e.stop_and_remove(&source)?;
-    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
-    Ok(())
-}
-
-/// A pod whose `chalk.io/restore-from` names a missing snapshot, says no digest, or is in a
-/// namespace the node does not allow fails at RunPodSandbox with the reason, and leaves no
-/// pod, shim or sandbox (any runsc: this is refused before runsc is asked).
-/// `chalk.io/restore-from` naming `REF@sha256:…` on a node whose store lacks the snapshot:
-/// the shim pulls it through the node's registry configuration (hosts.toml, credentials)
-/// and the pod carries on from it. A snapshot tampered with in the registry, or one the
-/// registry does not have, is refused with why, and leaves no record, no pod process.
-fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> TestResult {
-    let registry = e.registry.as_ref().ok_or("no registry")?;
-    let (source, web, _) = web_and_side(e, "pushed")?;
-    std::thread::sleep(Duration::from_millis(2500));
-    let snapshot = pod_snapshot(e, &source)?;
-    let at_snapshot = e.counter(&web)?;
-    let reference = format!("{}/pods/default/pushed:v1", registry.addr);
-    let pushed = chalkctl_to_registry(
-        e,
-        &["snapshot", "push", "--snapshot-id", &snapshot, &reference],
-    );
-    ensure!(pushed.code == 0, "push: {pushed:?}");
-    e.stop_and_remove(&source)?;
-    // The snapshot's memory: its largest layer, as the registry holds it.
-    let memory = registry
-        .largest_layer(&snapshot)
-        .ok_or("the registry holds no layer of the snapshot")?;
-    let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
-    ensure!(deleted.code == 0, "delete: {deleted:?}");
-    let pinned = format!("{}/pods/default/pushed@{snapshot}", registry.addr);
-
-    let started = Instant::now();
-    let pod = e.cri.run_pod_with(
-        "pulled",
-        CRI_HANDLER,
-        false,
-        "default",
-        &[(RESTORE_FROM, &pinned)],
-    )?;
-    let pulled_in = started.elapsed();
-    let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
-    e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
-    let running_in = started.elapsed();
-    // The pull ran in the pulls' cgroup: the server of the memory it left to arrive (alive
-    // a while after its file is whole) is still there to say so.
-    let servers = serving_processes();
-    ensure!(
-        !servers.is_empty(),
-        "no server of the pod's memory was found"
-    );
-    for (pid, cgroup) in &servers {
-        ensure!(
-            cgroup.contains("/chalk-pulls"),
-            "the server of the pod's memory (pid {pid}) runs outside chalk-pulls: {cgroup}"
-        );
-    }
-    let n = e.counter(&web2)?;
-    ensure!(
-        n + 1 >= at_snapshot,
-        "the pulled pod counts from {n}, the source had {at_snapshot}"
-    );
-    let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
-    ensure!(
-        list.stdout.contains(&snapshot),
-        "the pulled snapshot has no record on this node: {list:?}"
-    );
-    println!(
-        "pod from {pinned}: sandbox (pull included) in {pulled_in:?}, both containers running \
-         in {running_in:?}"
-    );
-    e.stop_and_remove(&pod)?;
-    let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
-    ensure!(
-        deleted.code == 0,
-        "delete of the pulled snapshot: {deleted:?}"
-    );
-
-    // A digest the registry does not hold, then the snapshot's memory altered in the
-    // registry's storage.
-    let absent = format!(
-        "{}/pods/default/pushed@sha256:{}",
-        registry.addr,
-        "1".repeat(64)
-    );
-    let mut bytes = std::fs::read(&memory).map_err(|err| err.to_string())?;
-    let at = bytes.len() / 2;
-    bytes[at] ^= 0xff;
-    std::fs::write(&memory, bytes).map_err(|err| err.to_string())?;
-    for (name, value) in [("from-absent", &absent), ("from-tampered", &pinned)] {
-        let got = e.cri.run_pod_with(
-            name,
-            CRI_HANDLER,
-            false,
-            "default",
-            &[(RESTORE_FROM, value)],
-        );
-        ensure!(
-            got.as_ref()
-                .is_err_and(|m| m.contains("could not be pulled")),
-            "pod {name} ({value}): {got:?}"
-        );
-        remove_refused(e, name)?;
-        let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
-        ensure!(
-            !list.stdout.contains(&snapshot),
-            "the refused pull of {value} left a record: {list:?}"
-        );
-    }
-    Ok(())
-}
-
-/// The `chalkctl serve-lazy` processes running, with their cgroups.
-fn serving_processes() -> Vec<(String, String)> {
-    procs::processes()
-        .into_iter()
-        .filter(|(_, args)| args.iter().any(|a| a == "serve-lazy"))
-        .map(|(pid, _)| {
-            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            (pid.to_string(), cgroup)
-        })
-        .collect()
-}
-
-/// Checks that the pods named `name` (a refused RunPodSandbox may leave a NotReady record)
-/// hold no process, and removes them.
-fn remove_refused(e: &CriEnv, name: &str) -> TestResult {
-    for left in e.cri.pods_named(name)? {
-        ensure!(
-            e.processes_for(&left) == (0, 0),
-            "the refused pod {name} left processes"
-        );
-        e.cri.remove_pod(&left)?;
-    }
-    Ok(())
-}
-
-/// The node's `[trust]` rule names one key for the registry's `signed/`: a restore-from pod
-/// of a snapshot there unsigned, or signed by another key, fails with the policy's refusal
-/// (what the kubelet shows in the pod's events), as do a signature changed in the registry,
-/// one moved onto another snapshot, and an encrypted snapshot on a node with no key; signed
-/// by the named key, the pod starts from it.
-fn a_pod_starts_only_from_a_snapshot_its_node_trusts(e: &CriEnv) -> TestResult {
-    let registry = e.registry.as_ref().ok_or("no registry")?;
-    let keys = e.keys.as_ref().ok_or("no keys")?;
-    let (source, web, _) = web_and_side(e, "trusted")?;
-    let snapshot = pod_snapshot(e, &source)?;
-    let later = pod_snapshot(e, &source)?;
-    // `snap` pushed to `repo:tag`: `repo@digest`, as a pod names it.
-    let push_as = |snap: &str, repo: &str, extra: &[&str]| -> Result<String, Failed> {
-        let reference = format!("{}/{repo}", registry.addr);
-        let mut args = vec!["snapshot", "push", "--snapshot-id", snap, &reference];
-        args.extend_from_slice(extra);
-        let out = chalkctl_to_registry(e, &args);
-        ensure!(out.code == 0, "push to {reference}: {out:?}");
-        let digest = out
-            .stdout
-            .trim()
-            .rsplit('@')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let name = repo.split(':').next().unwrap_or_default();
-        Ok(format!("{}/{name}@{digest}", registry.addr))
-    };
-    let pinned = |repo: &str, extra: &[&str]| push_as(&snapshot, repo, extra);
-    // A signature's path in the registry (cosign's tag).
-    let sig = |repo: &str, pinned: &str| {
-        let hex = pinned
-            .rsplit("sha256:")
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        format!("{repo}/manifests/sha256-{hex}.sig")
-    };
-    let (other, trusted) = (keys.key("other.key"), keys.key("trusted.key"));
-    let recipient = chalkctl_to_registry(e, &["snapshot", "keygen", "--out", &keys.key("age.key")]);
-    ensure!(recipient.code == 0, "keygen: {recipient:?}");
-    let cases = [
-        (
-            pinned("signed/default/unsigned:v1", &[])?,
-            "it has no signature",
-        ),
-        (
-            pinned("signed/default/other:v1", &["--sign", &other])?,
-            "does not verify with any of the keys",
-        ),
-        (
-            pinned(
-                "pods/default/sealed:v1",
-                &["--encrypt-to", recipient.stdout.trim()],
-            )?,
-            "is encrypted and this host has no key",
-        ),
-    ];
-    // A signature changed in the registry; one moved onto another snapshot's manifest.
-    let changed = pinned("signed/default/changed:v1", &["--sign", &trusted])?;
-    let mut m = registry.get_manifest(&sig("signed/default/changed", &changed))?;
-    sealing::tamper_signature(&mut m);
-    registry.put_manifest(&sig("signed/default/changed", &changed), &m)?;
-    let signed_first = pinned("signed/default/swapped:v1", &["--sign", &trusted])?;
-    let swapped = push_as(&later, "signed/default/swapped:v2", &[])?;
-    let moved = registry.get_manifest(&sig("signed/default/swapped", &signed_first))?;
-    registry.put_manifest(&sig("signed/default/swapped", &swapped), &moved)?;
-    let cases = cases.into_iter().chain([
-        (changed, "does not verify with any of the keys"),
-        (swapped, "the manifest was changed or swapped after signing"),
-    ]);
-    let signed = pinned("signed/default/good:v1", &["--sign", &trusted])?;
-    e.stop_and_remove(&source)?;
-    for snap in [&snapshot, &later] {
-        let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", snap]);
-        ensure!(deleted.code == 0, "delete: {deleted:?}");
-    }
-    for (i, (value, why)) in cases.enumerate() {
-        let name = format!("untrusted-{i}");
-        let got = e.cri.run_pod_with(
-            &name,
-            CRI_HANDLER,
-            false,
-            "default",
-            &[(RESTORE_FROM, &value)],
-        );
-        ensure!(
-            got.as_ref().is_err_and(|m| m.contains(why)),
-            "pod {name} ({value}): {got:?}"
-        );
-        remove_refused(e, &name)?;
-    }
-    let list = e.chalkctl(&["snapshot", "list", "-o", "json"]);
-    ensure!(
-        !list.stdout.contains(&snapshot) && !list.stdout.contains(&later),
-        "a refused pull left a record: {list:?}"
-    );
-
-    let pod = e.cri.run_pod_with(
-        "trusted-2",
-        CRI_HANDLER,
-        false,
-        "default",
-        &[(RESTORE_FROM, &signed)],
-    )?;
-    let web2 = e.cri.run_container(&pod, "web", IMAGE, COUNTER)?;
-    e.cri.run_container(&pod, "side", IMAGE, SIDE)?;
-    let n = e.counter(&web2)?;
-    ensure!(
-        n > 0,
-        "the trusted pod counts from {n} ({web} was the source)"
-    );
-    e.stop_and_remove(&pod)?;
-    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
-    Ok(())
-}
-
-fn a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why(e: &CriEnv) -> TestResult {
-    let missing = format!("sha256:{}", "0".repeat(64));
-    for (name, namespace, value, why) in [
-        (
-            "from-missing",
-            "default",
-            missing.as_str(),
-            "not a snapshot of this namespace",
-        ),
-        ("from-a-tag", "default", "latest", "not pinned by digest"),
-        (
-            "from-elsewhere",
-            "other",
-            missing.as_str(),
-            "may not start pods from snapshots",
-        ),
-    ] {
-        let got = e.cri.run_pod_with(
-            name,
-            CRI_HANDLER,
-            false,
-            namespace,
-            &[(RESTORE_FROM, value)],
-        );
-        ensure!(
-            got.as_ref().is_err_and(|m| m.contains(why)),
-            "pod {name} ({value} in {namespace}): {got:?}"
-        );
-        remove_refused(e, name)?;
-    }
-    Ok(())
-}
-
-/// A pod cgroup for this run, as the kubelet names one (`pod<uid>`), with `mib` MiB of memory
-/// and 0.6 of a CPU.
-fn pod_cgroup(name: &str, mib: u64) -> Result<PodCgroup, Failed> {
-    let path = format!("/chalk-crictl-{}/pod{name}", std::process::id());
-    Ok(PodCgroup::make(&path, mib << 20, 60_000)?)
-}
-
-/// The sandbox's MemTotal, in kB.
-fn mem_total(crictl: &Crictl, id: &str) -> Result<u64, Failed> {
-    let out = crictl.exec(id, &["grep", "MemTotal", "/proc/meminfo"])?;
-    out.split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| Failed::from(format!("MemTotal in {id}: {out:?}")))
-}
-
-/// Through crictl: a pod whose cgroup (the kubelet's, with the pod's limits) gives it 320 MiB
-/// sees 320 MiB inside its sandbox, not the host's memory: runsc sizes a sandbox from the
-/// cgroup it runs in, and the shim puts a pod's sandbox in its pod's.
-fn crictl_a_pods_limits_are_what_its_sandbox_sees(e: &CriEnv) -> TestResult {
-    let crictl = e.crictl.as_ref().ok_or("no crictl")?;
-    let cgroup = pod_cgroup("limits", 320)?;
-    let pod = PodConfig {
-        name: "limits",
-        cgroup_parent: Some(&cgroup.path),
-        ..Default::default()
-    };
-    let id = crictl.runp(&pod, CRI_HANDLER)?;
-    let web = crictl.run_container(&id, &pod, "web", IMAGE, COUNTER)?;
-    let kb = mem_total(crictl, &web)?;
-    ensure!(
-        kb == 320 << 10,
-        "MemTotal inside is {kb} kB; the pod's cgroup allows {} kB",
-        320 << 10
-    );
-    crictl.remove_pod(&id)?;
-    e.gone(&id)
-}
-
-/// Through crictl, a pod with an init container starts from a snapshot of another: the init
-/// container, which the snapshot had run to completion, is skipped (it reads exited 0 and
-/// never ran: its log is empty), the app carries on from the snapshot's memory, and the
-/// sandbox is sized by the new pod's cgroup (other limits than the source's).
-fn crictl_a_pod_with_an_init_container_starts_from_a_snapshot(e: &CriEnv) -> TestResult {
-    let crictl = e.crictl.as_ref().ok_or("no crictl")?;
-    let (c1, c2) = (pod_cgroup("src", 320)?, pod_cgroup("restored", 384)?);
-    const INIT: &[&str] = &["/bin/sh", "-c", "echo init-ran"];
-    let exited_zero = |id: &str| -> TestResult {
-        let deadline = Instant::now() + 20 * SECOND;
-        loop {
-            let s = crictl.inspect(id)?;
-            if s["state"] == "CONTAINER_EXITED" {
-                ensure!(s["exitCode"] == 0, "{id} exited: {s}");
-                return Ok(());
-            }
-            ensure!(Instant::now() < deadline, "{id} did not exit: {s}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    let source = PodConfig {
-        name: "with-init",
-        cgroup_parent: Some(&c1.path),
-        ..Default::default()
-    };
-    let src = crictl.runp(&source, CRI_HANDLER)?;
-    let init = crictl.run_container(&src, &source, "setup", IMAGE, INIT)?;
-    exited_zero(&init)?;
-    ensure!(
-        crictl.log("with-init", "setup").contains("init-ran"),
-        "the source's init container did not run"
-    );
-    let web = crictl.run_container(&src, &source, "web", IMAGE, COUNTER)?;
-    std::thread::sleep(Duration::from_millis(2500));
-    let snapshot = pod_snapshot(e, &src)?;
-    let at_snapshot: u64 = crictl.exec(&web, &["cat", "/tmp/n"])?.parse().unwrap_or(0);
-
-    let restored = PodConfig {
-        name: "from-snapshot",
-        annotations: &[(RESTORE_FROM, &snapshot)],
-        cgroup_parent: Some(&c2.path),
-    };
-    let started = Instant::now();
-    let pod = crictl.runp(&restored, CRI_HANDLER)?;
-    let init2 = crictl.run_container(&pod, &restored, "setup", IMAGE, INIT)?;
-    exited_zero(&init2)?;
-    let web2 = crictl.run_container(&pod, &restored, "web", IMAGE, COUNTER)?;
-    let running_in = started.elapsed();
-    ensure!(
-        !crictl.log("from-snapshot", "setup").contains("init-ran"),
-        "the restored pod ran its init container again"
-    );
-    let n: u64 = crictl.exec(&web2, &["cat", "/tmp/n"])?.parse().unwrap_or(0);
-    ensure!(
-        n + 1 >= at_snapshot && at_snapshot > 0,
-        "the restored web counts from {n}; the source had {at_snapshot} at the snapshot"
-    );
-    let kb = mem_total(crictl, &web2)?;
-    ensure!(
-        kb == 384 << 10,
-        "the restored pod's MemTotal is {kb} kB; its own pod cgroup allows {} kB (the \
-         source's, {})",
-        384 << 10,
-        320 << 10
-    );
-    eprintln!(
-        "pod with an init container from a snapshot, through crictl: running in {running_in:?}"
-    );
-    crictl.remove_pod(&pod)?;
-    e.gone(&pod)?;
-    crictl.remove_pod(&src)?;
-    e.gone(&src)?;
-    e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
-    Ok(())
-}
-
 fn main() {
     testkit::check_args();
     let registry = std::env::var_os("CHALK_REGISTRY")
@@ -1078,32 +558,32 @@ fn main() {
         pod_runs_its_containers_in_one_sandbox,
         a_failing_container_leaves_its_pod_running,
         pod_snapshot_keeps_the_pod_running,
-        a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why,
+        restore::a_pod_from_a_missing_or_disallowed_snapshot_fails_with_why,
         an_armed_pod_runs_through_its_stop_until_the_agent_says,
     ]
     .into_iter()
     .chain(
         cases![
             pod_fork_restores_every_container,
-            a_pod_starts_from_a_snapshot
+            restore::a_pod_starts_from_a_snapshot
         ]
         .into_iter()
         .map(|c| c.ignored_if(old_runsc)),
     )
     .chain(
-        cases![crictl_a_pods_limits_are_what_its_sandbox_sees]
+        cases![crictl::crictl_a_pods_limits_are_what_its_sandbox_sees]
             .into_iter()
             .map(|c| c.ignored_if(crictl.is_none())),
     )
     .chain(
-        cases![crictl_a_pod_with_an_init_container_starts_from_a_snapshot]
+        cases![crictl::crictl_a_pod_with_an_init_container_starts_from_a_snapshot]
             .into_iter()
             .map(|c| c.ignored_if(old_runsc || crictl.is_none())),
     )
     .chain(
         cases![
-            a_pod_starts_from_a_registry_snapshot_this_node_lacks,
-            a_pod_starts_only_from_a_snapshot_its_node_trusts,
+            registry::a_pod_starts_from_a_registry_snapshot_this_node_lacks,
+            registry::a_pod_starts_only_from_a_snapshot_its_node_trusts,
             tenants::a_namespace_never_restores_anothers_snapshot
         ]
         .into_iter()
