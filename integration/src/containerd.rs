@@ -832,16 +832,17 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
             } else {
                 "namespaces = [\"default\"]\n"
             };
-            let mut r = format!(
-                "\n{options}\n[restore_from]\nenabled = true\n{namespaces}wait_secs = 8\n\
-                 {restore_from}\n"
-            );
+            let mut r =
+                format!("\n{options}\n[restore_from]\nenabled = true\n{namespaces}wait_secs = 8\n");
             if let Some(hosts) = registry_hosts {
                 r.push_str(&format!("hosts_dir = \"{}\"\n", hosts.display()));
             }
             if let Some(auth) = registry_auth {
                 r.push_str(&format!("docker_config = \"{}\"\n", auth.display()));
             }
+            // Last: it may open tables of its own ([[restore_from.shared]]).
+            r.push_str(restore_from);
+            r.push('\n');
             r
         }
         _ => String::new(),

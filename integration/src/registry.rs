@@ -323,6 +323,33 @@ impl Secured {
         Ok(())
     }
 
+    /// How far its log has come: what [`Secured::requests_since`] counts from.
+    pub fn log_len(&self) -> usize {
+        std::fs::metadata(self.dir.join("registry.log")).map_or(0, |m| m.len() as usize)
+    }
+
+    /// The requests the registry logged since `from` (a [`Secured::log_len`]): `METHOD URI`.
+    pub fn requests_since(&self, from: usize) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default();
+        log.get(from..)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("response completed"))
+            .filter_map(|l| {
+                let field = |k: &str| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix(k))
+                        .map(|v| v.trim_matches('"').to_string())
+                };
+                Some(format!(
+                    "{} {}",
+                    field("http.request.method=")?,
+                    field("http.request.uri=")?
+                ))
+            })
+            .collect()
+    }
+
     /// Blob `digest` of repository `repo`, read behind the clients' backs.
     pub fn get_blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>, String> {
         let out = self

@@ -163,6 +163,9 @@ pub struct Start<'a> {
     pub nodes: usize,
     /// A registry the nodes pull pods' snapshots from (`[restore_from]`).
     pub registry: Option<&'a Secured>,
+    /// More of the nodes' runtime options (`[trust]`), and of their `[restore_from]`.
+    pub options: String,
+    pub restore_from: String,
 }
 
 impl Cluster {
@@ -202,8 +205,8 @@ impl Cluster {
                 registry_hosts: how.registry.map(|r| r.hosts_dir.clone()),
                 registry_auth: how.registry.map(|r| r.docker_config.clone()),
                 network: i as u8,
-                options: String::new(),
-                restore_from: String::new(),
+                options: how.options.clone(),
+                restore_from: how.restore_from.clone(),
             })
             .map_err(|e| format!("containerd of {name}: {e}"))?;
             cluster.start_kubelet(&pki, i, &containerd)?;
@@ -228,6 +231,17 @@ impl Cluster {
                     out.stdout.trim() == "True"
                 },
             )?;
+            // Where chalk-shim runs: the RuntimeClass and the node agent go there only.
+            let labelled = cluster.kubectl(&[
+                "label",
+                "node",
+                name,
+                "chalk.io/runtime=true",
+                "--overwrite",
+            ]);
+            if labelled.code != 0 {
+                return Err(format!("label node {name}: {}", labelled.stderr));
+            }
         }
         // The controller manager makes each namespace's default service account, which pods
         // are admitted with.

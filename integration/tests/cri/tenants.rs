@@ -26,32 +26,6 @@ pub fn trust(addr: &str) -> String {
     )
 }
 
-/// The registry's requests since `from` (a length of its log): `METHOD URI` lines.
-fn requests_since(r: &Secured, from: usize) -> Vec<String> {
-    let log = std::fs::read_to_string(r.dir.join("registry.log")).unwrap_or_default();
-    log.get(from..)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("response completed"))
-        .filter_map(|l| {
-            let field = |k: &str| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix(k))
-                    .map(|v| v.trim_matches('"').to_string())
-            };
-            Some(format!(
-                "{} {}",
-                field("http.request.method=")?,
-                field("http.request.uri=")?
-            ))
-        })
-        .collect()
-}
-
-fn log_len(r: &Secured) -> usize {
-    std::fs::metadata(r.dir.join("registry.log")).map_or(0, |m| m.len() as usize)
-}
-
 /// Namespace `default`'s pod `secret` holds a secret in memory; a pod of `tenant-b` names its
 /// snapshot by the node-store id, by `default`'s registry reference, by `resume-from` of
 /// `default`'s Sandbox repository, and by a reference of its own area whose digest the node
@@ -120,7 +94,7 @@ pub fn a_namespace_never_restores_anothers_snapshot(e: &CriEnv) -> TestResult {
         ),
     ];
     for (name, key, value, why) in cases {
-        let from = log_len(registry);
+        let from = registry.log_len();
         let got = e
             .cri
             .run_pod_with(name, CRI_HANDLER, false, TENANT_B, &[(key, &value)]);
@@ -135,7 +109,7 @@ pub fn a_namespace_never_restores_anothers_snapshot(e: &CriEnv) -> TestResult {
                 "{name}: the refusal names {d:?} of default's snapshot: {said}"
             );
         }
-        let requests = requests_since(registry, from);
+        let requests = registry.requests_since(from);
         let of_default: Vec<&String> = requests
             .iter()
             .filter(|r| r.contains("/pods/default/") || r.contains("/sandboxes/default/"))

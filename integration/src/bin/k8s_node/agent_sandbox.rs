@@ -16,8 +16,9 @@ use chalk_integration::{
 };
 use serde_json::Value;
 
+use crate::agents::{chalk, start_agents};
 use crate::kube::*;
-use crate::snapshots::{chalk, count, node_of, start_agents};
+use crate::snapshots::{count, node_of};
 use crate::Run;
 
 /// The registry repository prefix the agents suspend to.
@@ -300,13 +301,12 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
     let suspend_to = format!("{}/{PREFIX}", registry.addr);
     let mut agents = None;
     let up = run.step(
-        &format!("agent-sandbox-controller ({controller}) with its CRDs; chalk-agent --suspend-to on each node"),
+        &format!("agent-sandbox-controller ({controller}) with its CRDs; chalk-agent on each node (suspending where the nodes' [restore_from] suspend_to says) and the cluster agent"),
         |c| {
-            applied(c, &crate::snapshots::packaging("runtimeclass.yaml")?)?;
-            let args = ["--suspend-to".to_string(), suspend_to.clone(), "--keep-snapshots".into(), "2".into()];
-            let (a, _) = start_agents(c, registry, dir.path(), &args)?;
-            agents = Some(a);
-            Ok(format!("{} agents suspending to {suspend_to}, keeping 2 snapshots per Sandbox", c.nodes.len()))
+            applied(c, &crate::agents::packaging("runtimeclass.yaml")?)?;
+            let started = start_agents(c, registry, dir.path(), &[], Some(2))?;
+            agents = Some(started.agents);
+            Ok(format!("{} node agents suspending to {suspend_to}; the cluster agent keeping 2 snapshots per Sandbox", c.nodes.len()))
         },
     );
     if !up {

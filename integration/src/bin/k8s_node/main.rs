@@ -20,10 +20,12 @@ use chalk_integration::{
 };
 
 mod agent_sandbox;
+mod agents;
 mod kube;
 mod report;
 mod runtimeclass;
 mod snapshots;
+mod tenants;
 
 fn main() {
     // SIGINT, SIGTERM and SIGHUP all end it as Ctrl-C would, with nothing left running.
@@ -54,13 +56,33 @@ fn start(registry: Option<&Secured>) -> Result<Cluster, String> {
     let cni = std::env::var_os("CHALK_CNI_BIN")
         .map(PathBuf::from)
         .ok_or("CHALK_CNI_BIN is not set: run scripts/peers --k8s")?;
+    // Two tenants, each with its area of the registry; Sandboxes suspend apart; a golden
+    // prefix shared with the second; what the registry serves trusted unsigned (the CRI and
+    // travel tests check signatures).
+    let (options, restore_from) = match registry {
+        Some(r) => (
+            format!("[trust]\n[[trust.rules]]\nscope = \"{}\"\nunsigned = \"allow\"\n", r.addr),
+            format!(
+                "namespaces = [\"default\", \"{TENANT_B}\"]\nregistries = [\"{0}/pods/{{namespace}}\"]\n\
+                 suspend_to = \"{0}/sandboxes\"\n[[restore_from.shared]]\nprefixes = \
+                 [\"{0}/golden\"]\nnamespaces = [\"{TENANT_B}\"]\n",
+                r.addr
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
     Cluster::start(Start {
         bins,
         cni_bin: cni,
         nodes: NODES.len(),
         registry,
+        options,
+        restore_from,
     })
 }
+
+/// The second tenant's namespace (the first is `default`).
+pub const TENANT_B: &str = "tenant-b";
 
 /// The registry pods' snapshots travel through (CHALK_REGISTRY, scripts/peers).
 /// The registry between the nodes, with `env` for its configuration.

@@ -4,8 +4,8 @@
 
 use std::{
     collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::PathBuf,
+    process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -18,152 +18,22 @@ use chalk_integration::{
     k8s::{until, Cluster, NODES},
     registry::Secured,
 };
-use serde_json::Value;
+use chalk_labels::RESTORE_FROM;
 
+use crate::agents::{chalk, start_agents};
 use crate::kube::*;
 use crate::Run;
-
-/// The nodes' agents, stopped when dropped.
-pub struct Agents(Vec<Child>);
-
-impl Drop for Agents {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Where this run's binaries are (chalk-agent, kubectl-chalk).
-pub fn built() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|e| Some(e.parent()?.to_path_buf()))
-        .unwrap_or_default()
-}
-
-pub fn packaging(file: &str) -> Result<String, String> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../packaging/kubernetes")
-        .join(file);
-    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
-}
-
-/// Applies the CRD and the agent's RBAC (agent.yaml but its DaemonSet: the agents run here
-/// directly), and starts one agent per node with a token of the agent's service account,
-/// and `extra` arguments.
-pub fn start_agents(
-    c: &Cluster,
-    registry: &Secured,
-    dir: &Path,
-    extra: &[String],
-) -> Result<(Agents, String), String> {
-    let crd = c.apply(&packaging("crd.yaml")?);
-    if crd.code != 0 {
-        return Err(format!("the CRD: {}", crd.stderr));
-    }
-    let est = c.kubectl(&[
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/podsnapshots.chalk.io",
-    ]);
-    if est.code != 0 {
-        return Err(format!("the CRD is not established: {}", est.stderr));
-    }
-    let rbac: Vec<&str> = packaging("agent.yaml")?
-        .leak()
-        .split("\n---\n")
-        .filter(|d| !d.contains("kind: DaemonSet"))
-        .collect();
-    let applied = c.apply(&rbac.join("\n---\n"));
-    if applied.code != 0 {
-        return Err(format!("agent.yaml: {}", applied.stderr));
-    }
-    let token = c.kubectl(&[
-        "create",
-        "token",
-        "chalk-agent",
-        "-n",
-        "chalk-system",
-        "--duration=2h",
-    ]);
-    if token.code != 0 {
-        return Err(format!("a token for chalk-agent: {}", token.stderr));
-    }
-    let admin = std::fs::read_to_string(c.kubeconfig()).map_err(|e| e.to_string())?;
-    // The admin's kubeconfig with the service account's token for its user.
-    let user_at = admin.find("users:").ok_or("no users in the kubeconfig")?;
-    let ctx_at = admin
-        .find("contexts:")
-        .ok_or("no contexts in the kubeconfig")?;
-    let config = format!(
-        "{}users:\n- name: admin\n  user:\n    token: {}\n{}",
-        &admin[..user_at],
-        token.stdout.trim(),
-        &admin[ctx_at..]
-    );
-    let kubeconfig = dir.join("agent.kubeconfig");
-    std::fs::write(&kubeconfig, config).map_err(|e| e.to_string())?;
-    let mut agents = Agents(Vec::new());
-    for n in &c.nodes {
-        let log = std::fs::File::create(dir.join(format!("chalk-agent-{}.log", n.name)))
-            .map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(built().join("chalk-agent"))
-            .arg("--node")
-            .arg(n.name)
-            .arg("--address")
-            .arg(n.containerd.socket())
-            .arg("--config")
-            .arg(n.containerd.options_path())
-            .arg("--hosts-dir")
-            .arg(&registry.hosts_dir)
-            .args(extra)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("DOCKER_CONFIG", &registry.docker_config)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("chalk-agent: {e}"))?;
-        agents.0.push(child);
-    }
-    Ok((agents, kubeconfig.display().to_string()))
-}
-
-/// PATH with this run's kubectl-chalk first.
-fn plugin_path() -> String {
-    let rest = std::env::var("PATH").unwrap_or_default();
-    format!("{}:{rest}", built().display())
-}
-
-/// `kubectl chalk ARGS` (kubectl finds the plugin, kubectl-chalk, on PATH; it takes no flag
-/// before the plugin's name, so the cluster is KUBECONFIG's) as JSON.
-pub fn chalk(c: &Cluster, args: &[&str]) -> Result<Value, String> {
-    let mut all = vec!["chalk"];
-    all.extend_from_slice(args);
-    all.extend(["-o", "json"]);
-    let out: chalk_integration::CtrOutput = Command::new(&c.bins().kubectl)
-        .args(&all)
-        .env("KUBECONFIG", c.kubeconfig())
-        .env("PATH", plugin_path())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("kubectl: {e}"))?
-        .into();
-    if out.code != 0 {
-        return Err(format!("kubectl {all:?}: {}", out.stderr.trim()));
-    }
-    serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))
-}
 
 /// The counter pod: counts seconds into /tmp/n and its log, ready while it counts; spread
 /// across nodes with its forks (they carry its spec), cordoned nodes left out of the spread.
 /// Its memory limit is 256 MiB (1.5 GiB when it fills memory), so its pod cgroup's is that
 /// plus the RuntimeClass's 64 MiB: what the sandbox sees as MemTotal ([`pod_mib`]).
 fn counter_pod(name: &str, node: &str, fill_mb: u64) -> String {
+    counter_pod_with(name, node, fill_mb, "")
+}
+
+/// [`counter_pod`] with `meta` (YAML lines under `metadata:`: a namespace, annotations).
+pub fn counter_pod_with(name: &str, node: &str, fill_mb: u64, meta: &str) -> String {
     let limit = pod_mib(fill_mb) - 64;
     let fill = if fill_mb > 0 {
         format!(
@@ -178,7 +48,7 @@ kind: Pod
 metadata:
   name: {name}
   labels: {{app: {name}}}
-spec:
+{meta}spec:
   runtimeClassName: chalk
   nodeName: {node}
   automountServiceAccountToken: false
@@ -416,19 +286,22 @@ fn fresh_start(c: &Cluster, name: &str, fill_mb: u64) -> Result<f64, String> {
 
 /// A pod that must be refused: named `name`, in `namespace`, starting from `from` with its
 /// container on `image`; refused with a `reason` event whose message says `why`.
-struct Refusal<'a> {
-    name: &'a str,
-    namespace: &'a str,
-    from: &'a str,
-    image: &'a str,
-    reason: &'a str,
-    why: &'a str,
+pub struct Refusal<'a> {
+    /// The annotation that names the snapshot (`chalk.io/restore-from`, or resume-from).
+    pub key: &'a str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub from: &'a str,
+    pub image: &'a str,
+    pub reason: &'a str,
+    pub why: &'a str,
 }
 
 /// A pod (no node named) that starts from a snapshot and is refused: an event names why, and
 /// nothing of it is left on any node once it is deleted.
-fn refused(c: &Cluster, r: Refusal) -> Result<String, String> {
+pub fn refused(c: &Cluster, r: Refusal) -> Result<String, String> {
     let Refusal {
+        key,
         name,
         namespace,
         from,
@@ -442,7 +315,7 @@ kind: Pod
 metadata:
   name: {name}
   namespace: {namespace}
-  annotations: {{chalk.io/restore-from: "{from}"}}
+  annotations: {{{key}: "{from}"}}
 spec:
   runtimeClassName: chalk
   automountServiceAccountToken: false
@@ -575,15 +448,17 @@ pub fn steps(run: &mut Run, registry: &Secured) {
     };
     let mut agents = None;
     let up = run.step(
-        "chalk-agent on each node (CRD and RBAC from packaging/kubernetes, a service account token)",
+        "chalk-agent on each node (CRD, RBAC and admission policies from packaging/kubernetes, each node's token bound to a pod on it)",
         |c| {
-            let (a, _) = start_agents(c, registry, dir.path(), &[])?;
-            agents = Some(a);
+            let started = start_agents(c, registry, dir.path(), &[], None)?;
+            agents = Some(started);
             let role = json(c, &["get", "clusterrole", "chalk-agent"])?;
+            let policies = json(c, &["get", "validatingadmissionpolicies"])?;
             Ok(format!(
-                "{} agents running as system:serviceaccount:chalk-system:chalk-agent, {} rules",
+                "{} agents running as system:serviceaccount:chalk-system:chalk-agent, {} rules, {} admission policies",
                 c.nodes.len(),
-                role["rules"].as_array().map_or(0, Vec::len)
+                role["rules"].as_array().map_or(0, Vec::len),
+                policies["items"].as_array().map_or(0, Vec::len)
             ))
         },
     );
@@ -613,7 +488,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             let watch = watch_ready(c.kubeconfig(), c.bins().kubectl.clone(), "counter");
             let before = restarts(&json(c, &["get", "pod", "counter"])?);
             let t = Instant::now();
-            let to = format!("{reg}/pods/counter:v1");
+            let to = format!("{reg}/pods/default/counter:v1");
             let got = chalk(c, &["snapshot", "counter", "--name", "counter-1", "--push-to", &to]);
             let secs = t.elapsed().as_secs_f64();
             at_snapshot = count(c, "counter").unwrap_or(0);
@@ -670,7 +545,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             let sandbox = sandbox_of(c, "counter")?;
             at_suspend = count(c, "counter")?;
             let t = Instant::now();
-            let to = format!("{reg}/pods/counter:suspended");
+            let to = format!("{reg}/pods/default/counter:suspended");
             let got = chalk(c, &["suspend", "counter", "--name", "counter-2", "--push-to", &to])?;
             let secs = t.elapsed().as_secs_f64();
             let id = got["status"]["snapshotId"].as_str().unwrap_or_default().to_string();
@@ -734,7 +609,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
         "pods naming a tampered or missing snapshot, one on another image, or in a namespace not allowed, fail with an event naming why, and leave nothing",
         |c| {
             // Another snapshot, its memory altered in the registry.
-            let pushed = chalk(c, &["snapshot", "counter", "--name", "counter-3", "--push-to", &format!("{reg}/pods/counter:v3")])?;
+            let pushed = chalk(c, &["snapshot", "counter", "--name", "counter-3", "--push-to", &format!("{reg}/pods/default/counter:v3")])?;
             let id = pushed["status"]["snapshotId"].as_str().unwrap_or_default().to_string();
             let from = pushed["status"]["restoreFrom"].as_str().unwrap_or_default().to_string();
             let largest = registry.largest_layer(&id).ok_or("no blob to alter")?;
@@ -747,6 +622,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             let _ = c.kubectl(&["cordon", b]);
             let mut said = Vec::new();
             let pulled = |name, from| Refusal {
+                key: RESTORE_FROM,
                 name,
                 namespace: "default",
                 from,
@@ -755,7 +631,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
                 why: "could not be pulled",
             };
             said.push(refused(c, pulled("from-tampered", &from))?);
-            let missing = format!("{reg}/pods/counter@sha256:{}", "0".repeat(64));
+            let missing = format!("{reg}/pods/default/counter@sha256:{}", "0".repeat(64));
             said.push(refused(c, pulled("from-missing", &missing))?);
             // The snapshot's container on another image (not the snapshot's by digest).
             let good = json(c, &["get", "podsnapshot", "counter-1"])?["status"]["restoreFrom"]
@@ -763,6 +639,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
                 .unwrap_or_default()
                 .to_string();
             said.push(refused(c, Refusal {
+                key: RESTORE_FROM,
                 name: "other-image",
                 namespace: "default",
                 from: &good,
@@ -775,6 +652,7 @@ pub fn steps(run: &mut Run, registry: &Secured) {
                 (c.kubectl(&["get", "serviceaccount", "default", "-n", "other"]).code == 0).then_some(())
             });
             said.push(refused(c, Refusal {
+                key: RESTORE_FROM,
                 name: "from-elsewhere",
                 namespace: "other",
                 from: &from,
@@ -789,6 +667,9 @@ pub fn steps(run: &mut Run, registry: &Secured) {
     );
     let _ = c.kubectl(&["uncordon", a]);
     let _ = c.kubectl(&["uncordon", b]);
+    if let Some(started) = &agents {
+        crate::tenants::steps(run, registry, &started.kubeconfigs);
+    }
     big_pod(run, &reg);
     run.step(
         "kubectl delete podsnapshot: its snapshot leaves its node (the finalizer)",
@@ -854,7 +735,7 @@ fn big_pod(run: &mut Run, reg: &str) {
     if up {
         let moved = run.step(&format!("1 GB: suspended on {b} (pushed), {b} cordoned, resumed: Running on {a}"), |c| {
             let st = Instant::now();
-            let got = chalk(c, &["suspend", "big", "--name", "big-1", "--push-to", &format!("{reg}/pods/big:v1")])?;
+            let got = chalk(c, &["suspend", "big", "--name", "big-1", "--push-to", &format!("{reg}/pods/default/big:v1")])?;
             t.suspend_big = st.elapsed().as_secs_f64();
             until(Duration::from_secs(60), || (c.kubectl(&["get", "pod", "big"]).code != 0).then_some(()))
                 .ok_or("the pod is still there")?;

@@ -1,0 +1,229 @@
+//! chalk-agent on the two nodes as packaging/kubernetes/agent.yaml deploys it, run here as
+//! processes: the CRD, the agents' accounts, roles and admission policies applied; each node
+//! agent with a token bound to a pod of its own on its node (the node-name claim the policies
+//! hold it to), and the cluster agent with its account's token.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use chalk_integration::{containerd::PAUSE_IMAGE, k8s::Cluster, registry::Secured};
+use serde_json::Value;
+
+use crate::kube::applied;
+
+/// The agents, stopped when dropped.
+pub struct Agents(Vec<Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Where this run's binaries are (chalk-agent, kubectl-chalk).
+pub fn built() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.to_path_buf()))
+        .unwrap_or_default()
+}
+
+pub fn packaging(file: &str) -> Result<String, String> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../packaging/kubernetes")
+        .join(file);
+    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// The pod of node `node`'s agent: what its token is bound to (it runs pause, in gVisor).
+fn placeholder(node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: chalk-agent-{node}, namespace: chalk-system}}
+spec:
+  nodeName: {node}
+  serviceAccountName: chalk-agent
+  automountServiceAccountToken: false
+  runtimeClassName: chalk
+  tolerations: [{{operator: Exists}}]
+  containers:
+  - {{name: agent, image: {PAUSE_IMAGE}, imagePullPolicy: Never}}
+"#
+    )
+}
+
+/// The admin's kubeconfig with `token` for its user, at `path`.
+pub fn kubeconfig_with(c: &Cluster, path: &Path, token: &str) -> Result<PathBuf, String> {
+    let admin = std::fs::read_to_string(c.kubeconfig()).map_err(|e| e.to_string())?;
+    let user_at = admin.find("users:").ok_or("no users in the kubeconfig")?;
+    let ctx_at = admin
+        .find("contexts:")
+        .ok_or("no contexts in the kubeconfig")?;
+    let config = format!(
+        "{}users:\n- name: admin\n  user:\n    token: {token}\n{}",
+        &admin[..user_at],
+        &admin[ctx_at..]
+    );
+    std::fs::write(path, config).map_err(|e| e.to_string())?;
+    Ok(path.to_path_buf())
+}
+
+fn token(c: &Cluster, account: &str, bound_to: Option<&str>) -> Result<String, String> {
+    let mut args = vec![
+        "create",
+        "token",
+        account,
+        "-n",
+        "chalk-system",
+        "--duration=2h",
+    ];
+    if let Some(pod) = bound_to {
+        args.extend(["--bound-object-kind", "Pod", "--bound-object-name", pod]);
+    }
+    let out = c.kubectl(&args);
+    if out.code != 0 {
+        return Err(format!("a token for {account}: {}", out.stderr));
+    }
+    Ok(out.stdout.trim().to_string())
+}
+
+/// The agents started: each node's kubeconfig (its bound token), by node name.
+pub struct Started {
+    pub agents: Agents,
+    pub kubeconfigs: Vec<(String, PathBuf)>,
+}
+
+/// Applies the CRD and agent.yaml but what runs (its DaemonSet and Deployment), starts one
+/// node agent per node (with `extra` arguments) and, with `cluster_agent`, the cluster agent
+/// keeping `keep` snapshots per Sandbox.
+pub fn start_agents(
+    c: &Cluster,
+    registry: &Secured,
+    dir: &Path,
+    extra: &[String],
+    cluster_agent: Option<usize>,
+) -> Result<Started, String> {
+    applied(c, &packaging("crd.yaml")?)?;
+    let est = c.kubectl(&[
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "crd/podsnapshots.chalk.io",
+    ]);
+    if est.code != 0 {
+        return Err(format!("the CRD is not established: {}", est.stderr));
+    }
+    let rules: Vec<String> = packaging("agent.yaml")?
+        .split("\n---\n")
+        .filter(|d| !d.contains("kind: DaemonSet") && !d.contains("kind: Deployment"))
+        .map(String::from)
+        .collect();
+    applied(c, &rules.join("\n---\n"))?;
+    let mut agents = Agents(Vec::new());
+    let mut kubeconfigs = Vec::new();
+    for n in &c.nodes {
+        applied(c, &placeholder(n.name))?;
+        let bound = format!("chalk-agent-{}", n.name);
+        let kubeconfig = kubeconfig_with(
+            c,
+            &dir.join(format!("agent-{}.kubeconfig", n.name)),
+            &token(c, "chalk-agent", Some(&bound))?,
+        )?;
+        let log = std::fs::File::create(dir.join(format!("chalk-agent-{}.log", n.name)))
+            .map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(built().join("chalk-agent"))
+            .arg("--node")
+            .arg(n.name)
+            .arg("--address")
+            .arg(n.containerd.socket())
+            .arg("--config")
+            .arg(n.containerd.options_path())
+            .arg("--hosts-dir")
+            .arg(&registry.hosts_dir)
+            .args(extra)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("DOCKER_CONFIG", &registry.docker_config)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("chalk-agent: {e}"))?;
+        agents.0.push(child);
+        kubeconfigs.push((n.name.to_string(), kubeconfig));
+    }
+    if let Some(keep) = cluster_agent {
+        let kubeconfig = kubeconfig_with(
+            c,
+            &dir.join("cluster-agent.kubeconfig"),
+            &token(c, "chalk-cluster-agent", None)?,
+        )?;
+        let log = std::fs::File::create(dir.join("chalk-cluster-agent.log"))
+            .map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(built().join("chalk-agent"))
+            .args(["cluster", "--keep-snapshots", &keep.to_string()])
+            .arg("--hosts-dir")
+            .arg(&registry.hosts_dir)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("DOCKER_CONFIG", &registry.docker_config)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("chalk-agent cluster: {e}"))?;
+        agents.0.push(child);
+    }
+    Ok(Started {
+        agents,
+        kubeconfigs,
+    })
+}
+
+/// PATH with this run's kubectl-chalk first.
+fn plugin_path() -> String {
+    let rest = std::env::var("PATH").unwrap_or_default();
+    format!("{}:{rest}", built().display())
+}
+
+/// `kubectl chalk ARGS` (kubectl finds the plugin, kubectl-chalk, on PATH; it takes no flag
+/// before the plugin's name, so the cluster is KUBECONFIG's) as JSON.
+pub fn chalk(c: &Cluster, args: &[&str]) -> Result<Value, String> {
+    let mut all = vec!["chalk"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
+    let out: chalk_integration::CtrOutput = Command::new(&c.bins().kubectl)
+        .args(&all)
+        .env("KUBECONFIG", c.kubeconfig())
+        .env("PATH", plugin_path())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("kubectl: {e}"))?
+        .into();
+    if out.code != 0 {
+        return Err(format!("kubectl {all:?}: {}", out.stderr.trim()));
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))
+}
+
+/// kubectl as the holder of `kubeconfig` (an agent).
+pub fn kubectl_as(c: &Cluster, kubeconfig: &Path, args: &[&str]) -> chalk_integration::CtrOutput {
+    Command::new(&c.bins().kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map(Into::into)
+        .unwrap_or_else(|e| chalk_integration::CtrOutput {
+            code: -1,
+            stdout: String::new(),
+            stderr: e.to_string(),
+        })
+}
