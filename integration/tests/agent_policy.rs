@@ -70,38 +70,6 @@ fn pod(ns: &str, name: &str, node: &str, account: &str) -> String {
     )
 }
 
-/// A kubeconfig beside the admin's that authenticates with `token` instead.
-fn kubeconfig_with(c: &Cluster, name: &str, token: &str) -> Result<PathBuf, String> {
-    let admin = std::fs::read_to_string(c.kubeconfig()).map_err(|e| e.to_string())?;
-    let users = admin.find("users:").ok_or("no users")?;
-    let contexts = admin.find("contexts:").ok_or("no contexts")?;
-    let user = admin[users..contexts]
-        .lines()
-        .nth(1)
-        .and_then(|l| l.strip_prefix("- name: "))
-        .ok_or("no user name")?;
-    let text = format!(
-        "{}users:\n- name: {user}\n  user:\n    token: {token}\n{}",
-        &admin[..users],
-        &admin[contexts..]
-    );
-    let path = c.dir().join(format!("{name}.kubeconfig"));
-    std::fs::write(&path, text).map_err(|e| e.to_string())?;
-    Ok(path)
-}
-
-fn token(c: &Cluster, account: &str, bound_to: Option<&str>) -> Result<String, String> {
-    let mut args = vec!["create", "token", account, "-n", "chalk-system"];
-    if let Some(pod) = bound_to {
-        args.extend_from_slice(&["--bound-object-kind", "Pod", "--bound-object-name", pod]);
-    }
-    let out = c.kubectl(&args);
-    if out.code != 0 {
-        return Err(format!("a token for {account}: {}", out.stderr));
-    }
-    Ok(out.stdout.trim().to_string())
-}
-
 impl Api {
     fn start() -> Result<Api, String> {
         let cluster = Cluster::start_api(Binaries::api_from_env()?)?;
@@ -133,13 +101,14 @@ impl Api {
             ));
         }
         applied(&cluster, &objects)?;
-        let agent_a_token = token(&cluster, "chalk-agent", Some("agent-node-a"))?;
-        let agent_a = kubeconfig_with(&cluster, "agent-a", &agent_a_token)?;
-        let unbound = kubeconfig_with(&cluster, "unbound", &token(&cluster, "chalk-agent", None)?)?;
-        let cluster_agent = kubeconfig_with(
-            &cluster,
-            "cluster-agent",
-            &token(&cluster, "chalk-cluster-agent", None)?,
+        let agent_a_token = cluster.token("chalk-agent", Some("agent-node-a"))?;
+        let path = |name: &str| cluster.dir().join(format!("{name}.kubeconfig"));
+        let agent_a = cluster.kubeconfig_with(&path("agent-a"), &agent_a_token)?;
+        let unbound =
+            cluster.kubeconfig_with(&path("unbound"), &cluster.token("chalk-agent", None)?)?;
+        let cluster_agent = cluster.kubeconfig_with(
+            &path("cluster-agent"),
+            &cluster.token("chalk-cluster-agent", None)?,
         )?;
         let registry = match std::env::var_os("CHALK_REGISTRY").filter(|v| !v.is_empty()) {
             // Deletes allowed: the cluster agent removes snapshots.

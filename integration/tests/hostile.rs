@@ -114,6 +114,30 @@ impl Host {
         Ok(m)
     }
 
+    /// The base snapshot with layer `i` replaced by `value` (JSON), pushed to `repo` and
+    /// forked as `fork` by chalkctl (memory fetched whole): the snapshot's id, what chalkctl
+    /// said.
+    fn fork_with_layer(
+        &self,
+        repo: &str,
+        i: usize,
+        value: &Value,
+        fork: &str,
+    ) -> Result<(String, CtrOutput), Failed> {
+        let bytes = serde_json::to_vec(value).map_err(|e| e.to_string())?;
+        let reference = self.put(repo, &self.with_layer(repo, i, &bytes)?)?;
+        let id = reference.rsplit('@').next().unwrap_or_default().to_string();
+        let out = self.chalkctl(&[
+            "fork",
+            "--snapshot",
+            &reference,
+            "--fork-id",
+            fork,
+            "--whole",
+        ]);
+        Ok((id, out))
+    }
+
     /// What a hostile pull may not leave: a record of `id`, a part in an ingest, a lazy blob,
     /// a restore directory.
     fn nothing_left(&self, id: &str) -> TestResult {
@@ -182,23 +206,8 @@ fn a_foreign_spec_brings_no_hook_device_or_annotation(h: &Host) -> TestResult {
     let (i, spec) = h.layer(chalk_runtime::snapshot::oci::SPEC)?;
     let mut spec: Value = serde_json::from_slice(&spec).map_err(|e| e.to_string())?;
     poisoned(&mut spec, &marker);
-    let repo = "hostile/spec";
-    let m = h.with_layer(
-        repo,
-        i,
-        &serde_json::to_vec(&spec).map_err(|e| e.to_string())?,
-    )?;
-    let reference = h.put(repo, &m)?;
-    let id = reference.rsplit('@').next().unwrap_or_default().to_string();
     let fork = "hostile-spec-fork";
-    let out = h.chalkctl(&[
-        "fork",
-        "--snapshot",
-        &reference,
-        "--fork-id",
-        fork,
-        "--whole",
-    ]);
+    let (id, out) = h.fork_with_layer("hostile/spec", i, &spec, fork)?;
     ensure!(out.code == 0, "the fork of a rebuilt spec: {out:?}");
     ensure!(
         out.stderr.contains("rebuilt without") && out.stderr.contains("hooks"),
@@ -243,23 +252,8 @@ fn a_foreign_pod_members_spec_brings_nothing_either(h: &Host) -> TestResult {
         "id": "hostile-member", "name": "member",
         "image": chalk_integration::containerd::IMAGE, "spec": member
     }]});
-    let repo = "hostile/member";
-    let m = h.with_layer(
-        repo,
-        i,
-        &serde_json::to_vec(&chalk).map_err(|e| e.to_string())?,
-    )?;
-    let reference = h.put(repo, &m)?;
-    let id = reference.rsplit('@').next().unwrap_or_default().to_string();
     let fork = "hostile-member-fork";
-    let out = h.chalkctl(&[
-        "fork",
-        "--snapshot",
-        &reference,
-        "--fork-id",
-        fork,
-        "--whole",
-    ]);
+    let (id, out) = h.fork_with_layer("hostile/member", i, &chalk, fork)?;
     ensure!(
         out.code != 0 && out.stderr.contains("its sandbox is no pod's"),
         "a non-pod snapshot listing a member: {out:?}"

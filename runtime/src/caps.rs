@@ -8,6 +8,24 @@
 
 use serde_json::Value;
 
+/// The capabilities containerd gives a container that asks for none (its default spec).
+pub const CONTAINERD_DEFAULT: [&str; 14] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
 /// Narrows `process` (an OCI process object) for a non-root user: permitted and effective
 /// become the ambient capabilities that are also permitted. Returns whether it changed.
 pub fn narrow_to_exec_semantics(process: &mut Value) -> bool {

@@ -45,24 +45,9 @@ use serde_json::{json, Map, Value};
 
 use crate::spec::{is_bind_mount, strings};
 
-/// The capabilities containerd gives a container that asks for none (its default spec):
-/// the most a rebuilt spec may have in any set.
-pub const DEFAULT_CAPABILITIES: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-];
+/// The most a rebuilt spec may have in any capability set: what containerd gives a
+/// container that asks for none.
+pub const DEFAULT_CAPABILITIES: &[&str] = &crate::caps::CONTAINERD_DEFAULT;
 
 const MOUNT_TYPES: &[&str] = &[
     "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",

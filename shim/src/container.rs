@@ -193,6 +193,9 @@ pub struct RestoreFrom {
     /// How its memory loads: before all of it is in (runsc's `--background`), and mapped
     /// copy-on-write, shared with the snapshot's other restores (`--share-pages`).
     pub memory: chalk_runtime::runsc::MemoryLoad,
+    /// The blobs it reads as they arrive from a registry, if any: why the sandbox ended is
+    /// read from them before its exit is told (their server failed, and runsc with it).
+    pub arrivals: Option<chalk_runtime::snapshot::store::Arrivals>,
 }
 
 /// A container's GPU settings, when it is a GPU sandbox.

@@ -20,22 +20,7 @@ use crate::{
 const SPEC_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
 
 /// The capabilities containerd gives a container by default.
-const DEFAULT_CAPS: [&str; 14] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-];
+const DEFAULT_CAPS: [&str; 14] = chalk_runtime::caps::CONTAINERD_DEFAULT;
 
 /// The OCI spec for `id` from the image `config` (its `config` section: Entrypoint, Cmd, Env,
 /// WorkingDir), with `cmd` replacing the image's Cmd when given, and `lifetime` (its length

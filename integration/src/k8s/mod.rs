@@ -486,6 +486,48 @@ impl Cluster {
         }
     }
 
+    /// A token of service account `account` of `chalk-system`, bound to pod `bound_to` of
+    /// that namespace when given (the token then carries its node's name).
+    pub fn token(&self, account: &str, bound_to: Option<&str>) -> Result<String, String> {
+        let mut args = vec![
+            "create",
+            "token",
+            account,
+            "-n",
+            "chalk-system",
+            "--duration=2h",
+        ];
+        if let Some(pod) = bound_to {
+            args.extend(["--bound-object-kind", "Pod", "--bound-object-name", pod]);
+        }
+        let out = self.kubectl(&args);
+        if out.code != 0 {
+            return Err(format!("a token for {account}: {}", out.stderr));
+        }
+        Ok(out.stdout.trim().to_string())
+    }
+
+    /// The admin's kubeconfig with `token` in place of its credentials, written to `path`.
+    pub fn kubeconfig_with(&self, path: &Path, token: &str) -> Result<PathBuf, String> {
+        let admin = fs::read_to_string(self.kubeconfig()).map_err(|e| e.to_string())?;
+        let users = admin.find("users:").ok_or("no users in the kubeconfig")?;
+        let contexts = admin
+            .find("contexts:")
+            .ok_or("no contexts in the kubeconfig")?;
+        let user = admin[users..contexts]
+            .lines()
+            .nth(1)
+            .and_then(|l| l.strip_prefix("- name: "))
+            .ok_or("no user name in the kubeconfig")?;
+        let text = format!(
+            "{}users:\n- name: {user}\n  user:\n    token: {token}\n{}",
+            &admin[..users],
+            &admin[contexts..]
+        );
+        fs::write(path, text).map_err(|e| e.to_string())?;
+        Ok(path.to_path_buf())
+    }
+
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> CtrOutput {
         self.kubectl_with_stdin(&["apply", "-f", "-"], Some(yaml))

@@ -50,6 +50,17 @@ impl Sandboxes {
     /// the end of the long work going on (see [`Sandboxes::finish_busy`]).
     fn sandbox_exited(&self, id: &str, pid: u32, status: i32) {
         let Ok(c) = self.container(id) else { return };
+        // A sandbox whose memory never arrived: why is on its record before its exit is
+        // told (runsc ends it on the failed read, before the restore's own watch sees it).
+        let arrivals = c.restore_from.as_ref().and_then(|f| f.arrivals.as_ref());
+        if let Some(why) = arrivals.and_then(|a| a.failure()) {
+            if let Err(e) = self
+                .records()
+                .set_label(id, chalk_labels::ENDED_BECAUSE, &why)
+            {
+                log::warn!("container {id}: why it ended was not recorded: {e}");
+            }
+        }
         let mut st = c.state.lock().unwrap();
         if st.init.pid != pid {
             log::info!("container {id}: replaced sandbox {pid} exited with {status}");

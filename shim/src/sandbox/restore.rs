@@ -207,6 +207,7 @@ impl Sandboxes {
             snapshot: stored.to_string(),
             terminal: m.terminal.clone(),
             unpacked: Default::default(),
+            arrivals: linked.as_ref().and_then(RestoreDir::arrivals),
             linked: std::sync::Mutex::new(linked),
             memory,
         })

@@ -191,10 +191,11 @@ impl Sandboxes {
              stopped",
             c.id
         );
-        kill_pid(pid);
+        // Why first: whoever sees the task stopped must find the reason already there.
         if let Err(e) = self.records().set_label(&c.id, ENDED_BECAUSE, why) {
             log::warn!("container {}: why it ended was not recorded: {e}", c.id);
         }
+        kill_pid(pid);
     }
 
     /// After a restore: CUDA processes back on the GPU, then the post-restore hooks. A restore

@@ -58,39 +58,26 @@ spec:
     )
 }
 
-/// The admin's kubeconfig with `token` for its user, at `path`.
-pub fn kubeconfig_with(c: &Cluster, path: &Path, token: &str) -> Result<PathBuf, String> {
-    let admin = std::fs::read_to_string(c.kubeconfig()).map_err(|e| e.to_string())?;
-    let user_at = admin.find("users:").ok_or("no users in the kubeconfig")?;
-    let ctx_at = admin
-        .find("contexts:")
-        .ok_or("no contexts in the kubeconfig")?;
-    let config = format!(
-        "{}users:\n- name: admin\n  user:\n    token: {token}\n{}",
-        &admin[..user_at],
-        &admin[ctx_at..]
-    );
-    std::fs::write(path, config).map_err(|e| e.to_string())?;
-    Ok(path.to_path_buf())
-}
-
-fn token(c: &Cluster, account: &str, bound_to: Option<&str>) -> Result<String, String> {
-    let mut args = vec![
-        "create",
-        "token",
-        account,
-        "-n",
-        "chalk-system",
-        "--duration=2h",
-    ];
-    if let Some(pod) = bound_to {
-        args.extend(["--bound-object-kind", "Pod", "--bound-object-name", pod]);
-    }
-    let out = c.kubectl(&args);
-    if out.code != 0 {
-        return Err(format!("a token for {account}: {}", out.stderr));
-    }
-    Ok(out.stdout.trim().to_string())
+/// Starts chalk-agent with `args` as the holder of `kubeconfig`, logging to `log`.
+fn spawn_agent(
+    args: &[std::ffi::OsString],
+    kubeconfig: &Path,
+    registry: &Secured,
+    log: &Path,
+) -> Result<Child, String> {
+    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    Command::new(built().join("chalk-agent"))
+        .args(args)
+        .arg("--hosts-dir")
+        .arg(&registry.hosts_dir)
+        .env("KUBECONFIG", kubeconfig)
+        .env("DOCKER_CONFIG", &registry.docker_config)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("chalk-agent {args:?}: {e}"))
 }
 
 /// The agents started: each node's kubeconfig (its bound token), by node name.
@@ -130,55 +117,39 @@ pub fn start_agents(
     for n in &c.nodes {
         applied(c, &placeholder(n.name))?;
         let bound = format!("chalk-agent-{}", n.name);
-        let kubeconfig = kubeconfig_with(
-            c,
+        let kubeconfig = c.kubeconfig_with(
             &dir.join(format!("agent-{}.kubeconfig", n.name)),
-            &token(c, "chalk-agent", Some(&bound))?,
+            &c.token("chalk-agent", Some(&bound))?,
         )?;
-        let log = std::fs::File::create(dir.join(format!("chalk-agent-{}.log", n.name)))
-            .map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(built().join("chalk-agent"))
-            .arg("--node")
-            .arg(n.name)
-            .arg("--address")
-            .arg(n.containerd.socket())
-            .arg("--config")
-            .arg(n.containerd.options_path())
-            .arg("--hosts-dir")
-            .arg(&registry.hosts_dir)
-            .args(extra)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("DOCKER_CONFIG", &registry.docker_config)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("chalk-agent: {e}"))?;
-        agents.0.push(child);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--node".into(),
+            n.name.into(),
+            "--address".into(),
+            n.containerd.socket().into(),
+            "--config".into(),
+            n.containerd.options_path().into(),
+        ];
+        args.extend(extra.iter().map(Into::into));
+        let log = dir.join(format!("chalk-agent-{}.log", n.name));
+        agents
+            .0
+            .push(spawn_agent(&args, &kubeconfig, registry, &log)?);
         kubeconfigs.push((n.name.to_string(), kubeconfig));
     }
     if let Some(keep) = cluster_agent {
-        let kubeconfig = kubeconfig_with(
-            c,
+        let kubeconfig = c.kubeconfig_with(
             &dir.join("cluster-agent.kubeconfig"),
-            &token(c, "chalk-cluster-agent", None)?,
+            &c.token("chalk-cluster-agent", None)?,
         )?;
-        let log = std::fs::File::create(dir.join("chalk-cluster-agent.log"))
-            .map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(built().join("chalk-agent"))
-            .args(["cluster", "--keep-snapshots", &keep.to_string()])
-            .arg("--hosts-dir")
-            .arg(&registry.hosts_dir)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("DOCKER_CONFIG", &registry.docker_config)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("chalk-agent cluster: {e}"))?;
-        agents.0.push(child);
+        let args: Vec<std::ffi::OsString> = vec![
+            "cluster".into(),
+            "--keep-snapshots".into(),
+            keep.to_string().into(),
+        ];
+        let log = dir.join("chalk-cluster-agent.log");
+        agents
+            .0
+            .push(spawn_agent(&args, &kubeconfig, registry, &log)?);
     }
     Ok(Started {
         agents,

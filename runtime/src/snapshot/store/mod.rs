@@ -46,7 +46,7 @@ pub use ingest::{Commit, Committed, Ingest, Origin};
 pub use lazy::{detach_mount, FailureNote, LazyBlob, FAILED_MAX_AGE};
 pub use pointer::{holds_only_a_pointer, Pointer, POINTER};
 pub use refs::Ref;
-pub use restore::RestoreDir;
+pub use restore::{Arrivals, RestoreDir};
 pub use verify::Stored;
 
 use crate::{Error, Result};

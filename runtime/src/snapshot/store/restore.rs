@@ -97,15 +97,38 @@ impl RestoreDir {
     /// Why a blob this restore reads as it arrives will never be whole, if one will not:
     /// its server's reason, or that the server is gone.
     pub fn arrival_failure(&self) -> Option<String> {
+        self.arrivals()?.failure()
+    }
+
+    /// What tells whether its arriving blobs failed, kept apart from the directory (which
+    /// goes once runsc has loaded them): none when nothing arrives.
+    pub fn arrivals(&self) -> Option<Arrivals> {
         let root = self.dir.parent()?.parent()?;
-        let store = Store {
+        (!self.arriving.is_empty()).then(|| Arrivals {
             root: root.to_path_buf(),
+            arriving: self.arriving.clone(),
+        })
+    }
+}
+
+/// The blobs a restore read as they arrived, in a store: whether they failed.
+#[derive(Debug, Clone)]
+pub struct Arrivals {
+    root: PathBuf,
+    arriving: Vec<String>,
+}
+
+impl Arrivals {
+    /// Why one of the blobs will never be whole, if one will not.
+    pub fn failure(&self) -> Option<String> {
+        let store = Store {
+            root: self.root.clone(),
         };
         self.arriving.iter().find_map(|hex| {
             if let Some(why) = store.lazy_failure(hex) {
                 return Some(why.trim().to_string());
             }
-            let here = root.join("blobs/sha256").join(hex).exists();
+            let here = self.root.join("blobs/sha256").join(hex).exists();
             (!here && store.lazy_file(hex).is_none())
                 .then(|| format!("the server of blob sha256:{hex} ended before the blob was whole"))
         })
