@@ -440,7 +440,8 @@ pub fn steps(run: &mut Run, registry: &mut Secured, controller: &str) -> Timings
         ))?;
         until_true(c, "sandbox/warmer", "Ready")?;
         std::thread::sleep(Duration::from_secs(3));
-        let reg = format!("{}/golden/counter", registry.addr);
+        // In the namespace's own area of the registry (its pods restore from there).
+        let reg = format!("{}/pods/default/golden", registry.addr);
         let ps = chalk(c, &["snapshot", "warmer", "--push-to", &reg])?;
         golden = ps["status"]["restoreFrom"].as_str().unwrap_or_default().to_string();
         golden_count = count(c, "warmer")?;

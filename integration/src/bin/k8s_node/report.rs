@@ -39,11 +39,13 @@ pub fn render(steps: &[Step], boot: f64, timings: Option<&Timings>) -> String {
          for the run), and two nodes, `chalk-a` (10.88.78.1) and `chalk-b` (10.88.78.2), each \
          a kubelet against a private containerd whose CRI has the `chalk` handler as \
          `packaging/install.sh` registers it, runsc with `network = \"sandbox\"` over a CNI \
-         bridge of the node's own, and `[restore_from]` on for the `default` namespace. A \
-         Distribution registry (TLS and a password, on loopback) carries snapshots between \
-         the nodes; chalk-agent runs on each node under the RBAC of \
-         `packaging/kubernetes/agent.yaml`, and `kubectl chalk` is the kubectl plugin. \
-         Everything is driven through kubectl and the API.\n",
+         bridge of the node's own, and `[restore_from]` on for the `default` and `tenant-b` \
+         namespaces, each restoring from its own area of the registry (`pods/NAMESPACE`), \
+         `golden/` shared with `tenant-b`. A Distribution registry (TLS and a password, on \
+         loopback) carries snapshots between the nodes; chalk-agent runs on each node under \
+         the RBAC and admission policies of `packaging/kubernetes/agent.yaml`, with a token \
+         bound to a pod on its node, and `kubectl chalk` is the kubectl plugin. Everything is \
+         driven through kubectl and the API.\n",
         today()
     );
     if let Some(b) = &bins {
@@ -187,9 +189,10 @@ pub fn render_agent_sandbox(
          kubernetes-sigs/agent-sandbox's own controller, `agent-sandbox-controller` built by \
          `scripts/peers --agent-sandbox` from `sigs.k8s.io/agent-sandbox` v1.0.1 (says: \
          {controller:?}), run out of cluster with `--extensions` and its four CRDs from the \
-         module. chalk-agent runs on each node with `--suspend-to REGISTRY/sandboxes \
-         --keep-snapshots 2`; a Distribution registry (TLS, a password, deletes enabled) on \
-         loopback. Everything is driven through kubectl.\n",
+         module. chalk-agent runs on each node (suspending to the nodes' `[restore_from] \
+         suspend_to`, REGISTRY/sandboxes), and the cluster agent (`chalk-agent cluster \
+         --keep-snapshots 2`) beside them; a Distribution registry (TLS, a password, deletes \
+         enabled) on loopback. Everything is driven through kubectl.\n",
         today()
     );
     steps_table(&mut t, steps, boot);
