@@ -790,6 +790,18 @@ fn runtime_options(d: &Path, setup: &Setup) -> String {
         out.push_str(line);
         out.push('\n');
     }
+    // CHALK_RUNSC_DEBUG=<dir>: runsc's debug logs of every sandbox there (%ID% per
+    // container), to read after an intermittent failure.
+    if let Some(dir) = std::env::var_os("CHALK_RUNSC_DEBUG").filter(|v| !v.is_empty()) {
+        out = out.replacen(
+            "[runsc_config]\n",
+            &format!(
+                "[runsc_config]\ndebug = true\ndebug-log = \"{}/%ID%/\"\n",
+                PathBuf::from(dir).display()
+            ),
+            1,
+        );
+    }
     // Pods with a CNI network get it inside the sandbox (runsc's own network stack).
     if let Setup::Cri {
         cni_bin: Some(_), ..
