@@ -119,12 +119,22 @@ impl CriEnv {
     }
 
     fn counter(&self, id: &str) -> Result<u64, Failed> {
-        let r = self.cri.exec_sync(id, &["cat", "/tmp/n"], 10 * SECOND)?;
-        ensure!(r.exit_code == 0, "cat /tmp/n in {id}: {r:?}");
-        r.stdout
-            .trim()
-            .parse()
-            .map_err(|e| Failed::from(format!("counter of {id} is {:?}: {e}", r.stdout)))
+        // A snapshot may catch the shell between `>` truncating /tmp/n and echo writing it:
+        // the restored container then shows it empty until its next write, 0.2 s later.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let r = self.cri.exec_sync(id, &["cat", "/tmp/n"], 10 * SECOND)?;
+            ensure!(r.exit_code == 0, "cat /tmp/n in {id}: {r:?}");
+            if r.stdout.trim().is_empty() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            return r
+                .stdout
+                .trim()
+                .parse()
+                .map_err(|e| Failed::from(format!("counter of {id} is {:?}: {e}", r.stdout)));
+        }
     }
 
     fn stop_and_remove(&self, pod: &str) -> TestResult {

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use chalk_runtime::snapshot::store::{Pointer, Store};
 
 use super::fork::{
-    check_ids, check_memory, fork_pool, host_available_memory, image_config, memory_of, plan,
-    pod_members, ForkOptions, Forked, Parts, Planned,
+    check_ids, check_memory, fork_pool, host_available_memory, plan, ForkOptions, Forked, Planned,
 };
+use super::parts::{image_config, memory_of, pod_members, Parts};
 use super::snapshot;
 use crate::{
     containerd::{runtime_name, Client, Result, Stdio, RUNTIME},

@@ -1,7 +1,8 @@
 //! Resume: a suspended sandbox brought back from the snapshot it records, here or on a host
 //! that never knew it (its snapshot pulled from a registry).
 
-use super::fork::{fork_container, parts, pod_members, rebuild_foreign, spec_json, undo};
+use super::fork::{fork_container, undo};
+use super::parts::{parts, pod_members, rebuild_foreign, spec_json};
 
 use crate::records::registry::Snapshot;
 use crate::stdio::keeper::{self, Keeping};

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::{
     containerd::RUNTIME,
     containerd::{Client, Result, Stdio},
-    ops::fork::image_config,
+    ops::parts::image_config,
     Error,
 };
 

@@ -10,7 +10,9 @@ use oci_client::Reference;
 use serde_json::Value;
 
 use super::{session::Session, Transfer};
-use crate::{containerd::Client, ops::fork, progress::Progress, records::snapshots, Error, Result};
+use crate::{
+    containerd::Client, ops::parts, progress::Progress, records::snapshots, Error, Result,
+};
 
 const MANIFEST_TYPES: &[&str] = &[
     "application/vnd.oci.image.manifest.v1+json",
@@ -30,7 +32,7 @@ fn blobs_of(manifest: &Value) -> Vec<Descriptor> {
     std::iter::once(&manifest["config"])
         .chain(manifest["layers"].as_array().into_iter().flatten())
         .filter(|d| d["digest"].is_string())
-        .map(fork::descriptor)
+        .map(parts::descriptor)
         .collect()
 }
 
@@ -52,7 +54,7 @@ pub fn push(
     let bytes = client.read_blob(&d.digest)?;
     let manifest = json(&bytes, &format!("image manifest {}", d.digest))?;
     if let Some(children) = manifest["manifests"].as_array() {
-        for child in children.iter().map(fork::descriptor) {
+        for child in children.iter().map(parts::descriptor) {
             if client.has_blob(&child.digest)? {
                 push(client, s, r, source, &child, t, progress)?;
             }
@@ -107,7 +109,7 @@ pub fn fetch(
         let child = children
             .iter()
             .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
-            .map(fork::descriptor)
+            .map(parts::descriptor)
             .ok_or_else(|| {
                 Error::from(format!(
                     "base image {} has no linux/{arch} manifest",
@@ -201,8 +203,8 @@ fn unpack(
     progress: &Progress,
 ) -> Result<()> {
     let (config, layers) = blobs.split_first().ok_or("the base image has no config")?;
-    let config_json = fork::read_json(client, &config.digest)?;
-    let diff_ids = fork::diff_ids(&config_json);
+    let config_json = parts::read_json(client, &config.digest)?;
+    let diff_ids = parts::diff_ids(&config_json);
     if diff_ids.len() != layers.len() {
         return Err(format!(
             "the base image's config lists {} layers, its manifest {}",
@@ -211,7 +213,7 @@ fn unpack(
         )
         .into());
     }
-    let chains = fork::chain_ids(&diff_ids);
+    let chains = parts::chain_ids(&diff_ids);
     let mut parent = String::new();
     for ((layer, chain), diff) in layers.iter().zip(&chains).zip(&diff_ids) {
         // Held first, then looked up: what is found stays until the record names it.

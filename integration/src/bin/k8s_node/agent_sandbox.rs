@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::agents::{chalk, start_agents};
 use crate::kube::*;
-use crate::snapshots::{count, node_of};
+use crate::pods::{count, node_of};
 use crate::Run;
 
 /// The registry repository prefix the agents suspend to.

@@ -22,6 +22,7 @@ use chalk_integration::{
 mod agent_sandbox;
 mod agents;
 mod kube;
+mod pods;
 mod report;
 mod runtimeclass;
 mod snapshots;

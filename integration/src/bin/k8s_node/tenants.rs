@@ -10,7 +10,7 @@ use chalk_labels::{RESTORE_FROM, RESUME_FROM};
 
 use crate::agents::{chalk, kubectl_as};
 use crate::kube::*;
-use crate::snapshots::{counter_pod_with, refused, Refusal};
+use crate::pods::{counter_pod_with, refused, Refusal};
 use crate::{Run, TENANT_B};
 
 /// The counter's snapshot (PodSnapshot counter-1): its id and its registry reference.
