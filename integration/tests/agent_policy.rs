@@ -74,15 +74,7 @@ impl Api {
     fn start() -> Result<Api, String> {
         let cluster = Cluster::start_api(Binaries::api_from_env()?)?;
         applied(&cluster, &packaging("crd.yaml"))?;
-        let est = cluster.kubectl(&[
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            "crd/podsnapshots.chalk.io",
-        ]);
-        if est.code != 0 {
-            return Err(format!("the CRD: {}", est.stderr));
-        }
+        cluster.established("podsnapshots.chalk.io")?;
         applied(&cluster, &rules())?;
         let mut objects = format!(
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {TEAM}}}\n---\n\
@@ -338,14 +330,7 @@ fn install_sandbox_crds(c: &Cluster) -> TestResult {
             &std::fs::read_to_string(&path).map_err(|e| e.to_string())?,
         )?;
     }
-    let est = c.kubectl(&[
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/sandboxes.agents.x-k8s.io",
-    ]);
-    ensure!(est.code == 0, "the Sandbox CRD: {}", est.stderr);
-    Ok(())
+    Ok(c.established("sandboxes.agents.x-k8s.io")?)
 }
 
 fn sandbox(ns: &str, name: &str, annotations: &str, finalizers: &str) -> String {

@@ -445,6 +445,20 @@ impl Cluster {
         }
     }
 
+    /// Waits (up to a minute) until the API server serves CRD `name`.
+    pub fn established(&self, name: &str) -> Result<(), String> {
+        let out = self.kubectl(&[
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            &format!("crd/{name}"),
+        ]);
+        if out.code != 0 {
+            return Err(format!("CRD {name} is not established: {}", out.stderr));
+        }
+        Ok(())
+    }
+
     /// Runs kubectl as the cluster's admin.
     pub fn kubectl(&self, args: &[&str]) -> CtrOutput {
         self.kubectl_with_stdin(args, None)

@@ -54,6 +54,9 @@ pub struct Session {
     registry: String,
     /// When every call of this session must have ended (the transfer's time limit).
     deadline: Option<Instant>,
+    /// The HTTP client of `raw`'s requests, made on first use and kept so that its
+    /// connections are reused.
+    http: std::sync::OnceLock<reqwest::Client>,
 }
 
 /// The endpoints `reference` may use for `u`, each a session, in the order to try them.
@@ -169,6 +172,7 @@ impl Session {
             endpoint,
             registry: registry.to_string(),
             deadline: access.deadline,
+            http: std::sync::OnceLock::new(),
         })
     }
 

@@ -23,6 +23,9 @@ pub(super) enum Got {
 
 impl Session {
     fn http(&self) -> Result<reqwest::Client> {
+        if let Some(http) = self.http.get() {
+            return Ok(http.clone());
+        }
         let mut http = reqwest::Client::builder()
             .danger_accept_invalid_certs(self.endpoint.skip_verify)
             .connect_timeout(Duration::from_secs(10))
@@ -34,8 +37,10 @@ impl Session {
                 .map_err(|e| Error::from(format!("CA file {}: {e}", path.display())))?;
             http = http.add_root_certificate(cert);
         }
-        http.build()
-            .map_err(|e| Error::from(format!("an HTTP client: {e}")))
+        let http = http
+            .build()
+            .map_err(|e| Error::from(format!("an HTTP client: {e}")))?;
+        Ok(self.http.get_or_init(|| http).clone())
     }
 
     /// `req` with the credentials for `op` on `r` (the registry's token, else basic auth).

@@ -60,15 +60,7 @@ pub fn start_controller(c: &mut Cluster) -> Result<String, String> {
         "sandboxtemplates.extensions.agents.x-k8s.io",
         "sandboxwarmpools.extensions.agents.x-k8s.io",
     ] {
-        let est = c.kubectl(&[
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            &format!("crd/{crd}"),
-        ]);
-        if est.code != 0 {
-            return Err(format!("{crd}: {}", est.stderr));
-        }
+        c.established(crd)?;
     }
     let kubeconfig = c.kubeconfig().display().to_string();
     let args: Vec<String> = [

@@ -97,15 +97,7 @@ pub fn start_agents(
     cluster_agent: Option<usize>,
 ) -> Result<Started, String> {
     applied(c, &packaging("crd.yaml")?)?;
-    let est = c.kubectl(&[
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/podsnapshots.chalk.io",
-    ]);
-    if est.code != 0 {
-        return Err(format!("the CRD is not established: {}", est.stderr));
-    }
+    c.established("podsnapshots.chalk.io")?;
     let rules: Vec<String> = packaging("agent.yaml")?
         .split("\n---\n")
         .filter(|d| !d.contains("kind: DaemonSet") && !d.contains("kind: Deployment"))
