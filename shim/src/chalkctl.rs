@@ -95,6 +95,7 @@ fn wait_for(mut child: Box<dyn Child>, timeout: Duration) -> std::io::Result<i32
                 format!("chalkctl did not finish within {timeout:?}"),
             ));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // A pod's start waits on this: a coarse poll would add its period to every pull.
+        std::thread::sleep(Duration::from_millis(5));
     }
 }

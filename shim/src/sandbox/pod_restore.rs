@@ -277,9 +277,11 @@ impl Sandboxes {
                 done.status
             ));
         }
+        // Its own timed steps, for a pull that took long.
         log::info!(
-            "container {id}: pulled {reference} in {:?}",
-            started.elapsed()
+            "container {id}: pulled {reference} in {:?}: {}",
+            started.elapsed(),
+            done.said.lines().collect::<Vec<_>>().join("; ")
         );
         Ok(())
     }
