@@ -153,11 +153,11 @@ const NOTES: &str = r#"
 - **Release builds.** The run uses release builds of the shim, chalkctl and the agent: a debug
   build hashes a 1 GB snapshot in about 18 s instead of about 1 s.
 - **The 1 GB fork** starts 15 s after the 1 GB resume, so that the resumed pod's memory has
-  finished loading in the background; the pause changed nothing measurable (forks started back
-  to back took 9.5 and 10.6 s in two earlier runs, 3.6 s in a third). The fork's pull, on the
-  node that no longer holds the snapshot, takes 4.1 s against the resume's 2.8 s, and about 5
-  s more go between the restore and Ready (the kubelet's container starts and first probe
-  while the restored memory loads) against about 3 s for the resume: not yet explained.
+  finished loading in the background. Its time to Ready varies widely from run to run (from
+  3.6 to 16.6 s in the runs so far) while the shim's part (its row: the pull, which leaves the
+  memory to arrive, the verify and runsc's restore) stays under a second: the rest goes
+  between the restore and Ready (the kubelet's container starts and first probe while the
+  restored memory loads), not yet explained.
 - **Init containers.** The counter pod has one (`setup`, which prints `setup-ran`): the source
   runs it; every pod made from its snapshot skips it (reported Completed, exit 0, no output).
 - The kubelet runs with `failCgroupV1: false`: this machine boots with cgroup v1, which
