@@ -13,3 +13,12 @@ cell_env() {
         *) echo "unknown matrix cell: $1" >&2; return 2 ;;
     esac
 }
+
+# `other_runsc CELL`: the runsc the travel tests' third host runs, to be refused: the other
+# cell's (the current runsc beside Debian's, Debian's beside a current one).
+other_runsc() {
+    case $1 in
+        debian | containerd2) echo "${CHALK_RUNSC:-}" ;;
+        *) echo /usr/bin/runsc ;;
+    esac
+}
