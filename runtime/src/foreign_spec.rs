@@ -21,6 +21,7 @@
 //! | `hostname`, `domainname` | as is | names inside the sandbox's own UTS namespace |
 //! | `mounts` of `proc`, `sysfs`, `tmpfs`, `devpts`, `mqueue`, `cgroup`, `cgroup2` | destination, type, options | file systems gVisor's kernel makes inside the sandbox, from no host path |
 //! | `annotations` `chalk.io/lifetime`, `chalk.io/on-timeout`, `chalk.io/network` | as is | how long it runs, what ends it, and the name of a network this host configures |
+//! | `annotations` `chalk.io/network-default` | as is | the network was chalkctl's default, which a host that cannot give it leaves out: it only asks for less |
 //! | `annotations` `io.kubernetes.cri.*` | as is | the pod's shape (which container is its sandbox): a fork rewrites them |
 //! | `linux.namespaces` (pid, network, ipc, uts, mount, cgroup) | type only | a namespace of its own: a `path` (joining one here) is refused |
 //! | `linux.resources` memory, cpu shares/quota/period, pids | as is | limits of the sandbox's own cgroup: they only narrow, and a restore may not widen them |
@@ -57,6 +58,7 @@ const ANNOTATIONS: &[&str] = &[
     chalk_labels::LIFETIME_ANNOTATION,
     chalk_labels::ON_TIMEOUT_ANNOTATION,
     chalk_labels::NETWORK_ANNOTATION,
+    chalk_labels::NETWORK_DEFAULT_ANNOTATION,
 ];
 const CRI_ANNOTATIONS: &str = "io.kubernetes.cri.";
 
@@ -391,6 +393,7 @@ mod tests {
                       "createRuntime": [{"path": "/bin/true"}]},
             "annotations": {
                 "chalk.io/lifetime": "1h", "dev.gvisor.flag.platform": "kvm",
+                "chalk.io/network": "chalk", "chalk.io/network-default": "true",
                 "cdi.k8s.io/gpu": "nvidia.com/gpu=all", "chalk.io/hooks": "[]",
                 "io.kubernetes.cri.container-type": "sandbox"
             },
@@ -435,7 +438,11 @@ mod tests {
         assert_eq!(s["process"]["args"], json!(["sh"]));
         assert_eq!(
             s["annotations"],
-            json!({"chalk.io/lifetime": "1h", "io.kubernetes.cri.container-type": "sandbox"})
+            json!({
+                "chalk.io/lifetime": "1h", "io.kubernetes.cri.container-type": "sandbox",
+                // A default network stays optional: a host that cannot give it leaves it out.
+                "chalk.io/network": "chalk", "chalk.io/network-default": "true"
+            })
         );
         assert_eq!(
             s["mounts"],

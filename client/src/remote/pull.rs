@@ -209,6 +209,8 @@ pub fn pull(
     };
     snapshots::create_record(client, &snapshot, &base_desc)?;
     let token = Store::token(client.namespace(), &snapshot.name);
+    // The blob left to its server, if one was: its hex and title.
+    let mut arriving: Option<(String, String)> = None;
     let stored = (|| {
         let ingest = store
             .begin_ingest(&token)
@@ -281,6 +283,7 @@ pub fn pull(
                             "{title} ({}) arrives while the sandbox runs",
                             megabytes(d.size)
                         ));
+                        arriving = Some((hex.to_string(), title.to_string()));
                         t.bytes_arriving += d.size;
                         continue;
                     }
@@ -333,7 +336,13 @@ pub fn pull(
         // Nothing of a failed pull stays: its blobs go at the next gc.
         let _ = client.delete_image(&snapshot.name);
         let _ = store.remove_ref(&token);
-        return Err(e);
+        // A server that failed at once drops the record itself, which fails the import or
+        // the record's update here: its reason is the one to give.
+        let served = arriving.and_then(|(hex, title)| Some((store.never_arrived(&hex)?, title)));
+        return Err(match served {
+            Some((why, title)) => Error::from(format!("{title} {why}; nothing of the pull stays")),
+            None => e,
+        });
     }
     progress.step(&format!(
         "pulled {} ({} fetched, {} already here{})",

@@ -7,6 +7,12 @@
 //! final, except for one case: a short write's remainder is queued again behind at most 128
 //! writes of 256 KiB. The follower therefore stays [`LAG`] behind each file's size until the
 //! writer is done, then reads every file to its end.
+//!
+//! The following thread runs at a lower priority, so as not to take CPU from runsc's
+//! checkpoint; once the writer is done there is nothing left to yield to, and the snapshot's
+//! seal (its record, chalkctl, a suspended sandbox's resume) waits on the rest: that last
+//! round runs on the thread that calls [`Follower::finish`], at its priority. On a loaded
+//! host a nice-10 thread gets a tenth of a CPU or less, and a seal took ten times as long.
 
 use std::{
     collections::BTreeMap,
@@ -34,10 +40,15 @@ const IDLE: Duration = Duration::from_millis(2);
 
 /// A thread hashing the files of a directory as they are written.
 pub struct Follower {
+    dir: PathBuf,
     done: Arc<AtomicBool>,
     cancelled: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Result<BTreeMap<String, FileDigest>>>>,
+    thread: Option<JoinHandle<Result<Option<Progress>>>>,
 }
+
+/// What the following thread has read of each file when the writer is done (none when
+/// cancelled): [`Follower::finish`] reads the rest.
+type Progress = BTreeMap<String, Followed>;
 
 /// One file being followed.
 struct Followed {
@@ -66,23 +77,50 @@ impl Follower {
             })
         };
         Follower {
+            dir: dir.to_path_buf(),
             done,
             cancelled,
             thread: Some(thread),
         }
     }
 
-    /// The writer has finished: reads every file to its end and returns each file's digest by
-    /// name.
+    /// The writer has finished: reads every file to its end, on the calling thread (at its
+    /// priority, not the follower's), and returns each file's digest by name.
     pub fn finish(mut self) -> Result<BTreeMap<String, FileDigest>> {
         self.done.store(true, Ordering::Release);
         let thread = self.thread.take().expect("a follower is finished once");
-        thread.join().unwrap_or_else(|_| {
+        let files = thread.join().unwrap_or_else(|_| {
             Err(Error::io(
                 "hash the checkpoint while it was written",
                 std::io::Error::other("the hashing thread panicked"),
             ))
-        })
+        })?;
+        let mut files = files.unwrap_or_default();
+        // Every size seen from here on is final: the writer was done before `done` was set.
+        discover(&self.dir, &mut files)?;
+        let mut buf = vec![0u8; READ_BUF];
+        let not_cancelled = AtomicBool::new(false);
+        for (name, f) in files.iter_mut() {
+            let path = self.dir.join(name);
+            let size = f
+                .file
+                .metadata()
+                .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
+                .len();
+            f.read_until(size, &mut buf, &path, &not_cancelled)?;
+        }
+        Ok(files
+            .into_iter()
+            .map(|(name, f)| {
+                let digest = FileDigest {
+                    size: f.offset,
+                    sha256: hex(&f.hasher.finalize().into()),
+                    chunks: Vec::new(),
+                    pieces: f.pieces.map(PieceHasher::finish),
+                };
+                (name, digest)
+            })
+            .collect())
     }
 
     /// Stops at once, without a result (the checkpoint failed).
@@ -108,20 +146,23 @@ impl Drop for Follower {
     }
 }
 
+/// Hashes each file of `dir` up to [`LAG`] behind its size until the writer is done; returns
+/// what it has read then (the rest is read by [`Follower::finish`]), or None when cancelled.
 fn follow(
     dir: &Path,
     lag: u64,
     done: &AtomicBool,
     cancelled: &AtomicBool,
-) -> Result<BTreeMap<String, FileDigest>> {
+) -> Result<Option<Progress>> {
     let mut files: BTreeMap<String, Followed> = BTreeMap::new();
     let mut buf = vec![0u8; READ_BUF];
     loop {
         if cancelled.load(Ordering::Acquire) {
-            return Ok(BTreeMap::new());
+            return Ok(None);
         }
-        // Read before the sizes: once it is set, every size seen after is final.
-        let last_round = done.load(Ordering::Acquire);
+        if done.load(Ordering::Acquire) {
+            return Ok(Some(files));
+        }
         discover(dir, &mut files)?;
         let mut progressed = false;
         for (name, f) in files.iter_mut() {
@@ -130,32 +171,15 @@ fn follow(
                 .metadata()
                 .map_err(|e| Error::io(format!("stat {}", dir.join(name).display()), e))?
                 .len();
-            let until = if last_round {
-                size
-            } else {
-                size.saturating_sub(lag)
-            };
-            progressed |= f.read_until(until, &mut buf, &dir.join(name), cancelled)?;
-        }
-        if last_round {
-            break;
+            let until = size.saturating_sub(lag);
+            // Stops mid-file once the writer is done (a cancel sets `done` too): the rest is
+            // the finishing thread's.
+            progressed |= f.read_until(until, &mut buf, &dir.join(name), done)?;
         }
         if !progressed {
             std::thread::sleep(IDLE);
         }
     }
-    Ok(files
-        .into_iter()
-        .map(|(name, f)| {
-            let digest = FileDigest {
-                size: f.offset,
-                sha256: hex(&f.hasher.finalize().into()),
-                chunks: Vec::new(),
-                pieces: f.pieces.map(PieceHasher::finish),
-            };
-            (name, digest)
-        })
-        .collect())
 }
 
 /// Lowers the calling thread's priority (nice 10): on a host with few cores the hashing would
@@ -201,16 +225,16 @@ fn discover(dir: &Path, files: &mut BTreeMap<String, Followed>) -> Result<()> {
 }
 
 impl Followed {
-    /// Hashes the file up to `until`: whether anything was read.
+    /// Hashes the file up to `until`, or until `stop` is set: whether anything was read.
     fn read_until(
         &mut self,
         until: u64,
         buf: &mut [u8],
         path: &Path,
-        cancelled: &AtomicBool,
+        stop: &AtomicBool,
     ) -> Result<bool> {
         let start = self.offset;
-        while self.offset < until && !cancelled.load(Ordering::Relaxed) {
+        while self.offset < until && !stop.load(Ordering::Relaxed) {
             let want = (until - self.offset).min(buf.len() as u64) as usize;
             let n = read_some(&self.file, &mut buf[..want], self.offset, path)?;
             self.hasher.update(&buf[..n]);

@@ -178,11 +178,12 @@ impl Store {
             }
             let part = ingest.part_path(hex);
             let len = fs::metadata(&part).map(|m| m.len()).map_err(|e| {
-                bad(format!(
-                    "{} ({}) was not fetched: {e}",
-                    d.digest,
-                    d.title().unwrap_or("?")
-                ))
+                let title = d.title().unwrap_or("?");
+                // Left to arrive, and its server failed already: its reason, not "not fetched".
+                bad(match self.never_arrived(hex) {
+                    Some(why) => format!("{} ({title}) {why}", d.digest),
+                    None => format!("{} ({title}) was not fetched: {e}", d.digest),
+                })
             })?;
             if len != d.size {
                 return Err(bad(format!("{} is {len} bytes, not {}", d.digest, d.size)));

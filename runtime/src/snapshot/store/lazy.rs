@@ -93,6 +93,13 @@ impl Store {
         fs::read_to_string(self.lazy_dir(hex).join("failed")).ok()
     }
 
+    /// "never arrived: <its server's reason>", for blob `hex` left to a server that failed:
+    /// what a restore, an import and a pull say of it in place of a missing blob.
+    pub fn never_arrived(&self, hex: &str) -> Option<String> {
+        self.lazy_failure(hex)
+            .map(|why| format!("never arrived: {}", why.trim()))
+    }
+
     /// Removes lazy directories nobody serves: their mount detached, unless one failed less
     /// than [`FAILED_MAX_AGE`] ago (its reason is still wanted). How many went.
     pub(super) fn gc_lazy(&self) -> usize {

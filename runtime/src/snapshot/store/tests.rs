@@ -486,3 +486,65 @@ fn a_lazy_blob_is_read_through_its_server_until_it_is_whole() {
     b.gc(&[]).unwrap();
     assert!(!tmp.path().join("b/lazy").join(&other).exists());
 }
+
+/// A lazily served blob whose server failed before a restore looked (the background fetch
+/// found a bad piece first): the restore, and an import, say the server's reason, not that
+/// the store lost the blob.
+#[test]
+fn a_lazy_blob_that_failed_before_its_restore_is_reported_with_its_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, c, small) = committed_on_a(tmp.path());
+    let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+    let pages = &oci::sha256_digest(b"pages")["sha256:".len()..];
+    let state = oci::sha256_digest(b"state");
+    let b = Store::open(&tmp.path().join("b")).unwrap();
+    let why = "bytes 0..5 of sha256:… from the registry do not match their digest";
+
+    // Served when the pull imported it, failed before the shim's restore.
+    // A pull's import under `token`: the state fetched, pages.img left to its server.
+    let import = |token: &str| {
+        let ingest = b.begin_ingest(token).unwrap();
+        fs::write(ingest.part_path(&state["sha256:".len()..]), b"state").unwrap();
+        b.import(
+            ingest,
+            "default",
+            Default::default(),
+            &c.manifest_bytes,
+            &small,
+        )
+    };
+    let lazy = b.begin_lazy(pages, 5).unwrap();
+    lazy.serving().unwrap();
+    let (_, stored) = import("default+pulled").unwrap();
+    lazy.failure_note().write(why);
+    let refused = |token: &str| {
+        let err = b.prepare_restore(&stored, token).unwrap_err().to_string();
+        assert!(
+            err.contains("(pages.img) never arrived") && err.contains(why),
+            "{err}"
+        );
+        assert!(!err.contains("delete it"), "{err}");
+        assert!(!b.root().join("restores").join(token).exists());
+    };
+    // While the server still winds down (its lock held), and once it has ended.
+    refused("default+r1");
+    lazy.fail(why);
+    lazy.finish();
+    refused("default+r2");
+
+    // Failed before the pull's import: the import says why, and writes no ref.
+    let err = import("default+again").unwrap_err().to_string();
+    assert!(err.contains("never arrived") && err.contains(why), "{err}");
+    assert!(b.find_ref("default+again").is_none());
+
+    // Without a server's reason, a blob that is not there is still the store's loss.
+    fs::remove_dir_all(b.root().join("lazy")).unwrap();
+    let err = b
+        .prepare_restore(&stored, "default+r3")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is missing") && err.contains("delete it"),
+        "{err}"
+    );
+}

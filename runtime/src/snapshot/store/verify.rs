@@ -82,16 +82,7 @@ impl Store {
         let mut unsure = Vec::new();
         for f in m.files.iter().filter(|f| !arriving.contains(&f.sha256)) {
             let blob = self.root.join("blobs/sha256").join(&f.sha256);
-            let meta = fs::metadata(&blob).map_err(|_| {
-                store_error(
-                    &self.root,
-                    format!(
-                        "snapshot {digest}: blob sha256:{} ({}) is missing; the snapshot cannot \
-                         be restored: delete it",
-                        f.sha256, f.path
-                    ),
-                )
-            })?;
+            let meta = fs::metadata(&blob).map_err(|_| self.absent(digest, f))?;
             if meta.len() != f.size {
                 return Err(corrupt(
                     &self.root,
@@ -120,6 +111,25 @@ impl Store {
             self.record_identity(&f.sha256)?;
         }
         Ok(())
+    }
+
+    /// Why file `f` of snapshot `digest` cannot be restored when its blob is not in the
+    /// store: the reason its server gave, when the pull left it to arrive and serving failed
+    /// before this restore looked (a bad piece or a registry gone, found by the background
+    /// fetch first; the server has dropped the pull's record by then); else that the store
+    /// lost it.
+    fn absent(&self, digest: &str, f: &manifest::FileEntry) -> Error {
+        let why = match self.never_arrived(&f.sha256) {
+            Some(why) => format!(
+                "blob sha256:{} ({}) {why}; nothing was restored (pull the snapshot again)",
+                f.sha256, f.path
+            ),
+            None => format!(
+                "blob sha256:{} ({}) is missing; the snapshot cannot be restored: delete it",
+                f.sha256, f.path
+            ),
+        };
+        store_error(&self.root, format!("snapshot {digest}: {why}"))
     }
 
     fn identity_of(&self, hex: &str) -> Option<String> {
