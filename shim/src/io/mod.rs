@@ -28,6 +28,7 @@ pub use stdin::TerminalSignals;
 
 use crate::logger::LogContext;
 use outputs::{open_outputs, Outputs};
+pub use release::Drain;
 use release::HeldOutputs;
 use stdin::{spawn_stdin_copier, SignalSlot, StdinSink};
 
@@ -49,6 +50,9 @@ pub struct ProcessIo {
     /// Ends of the output fifos: only held, never read or written, until
     /// [`ProcessIo::release_outputs`].
     outputs: HeldOutputs,
+    /// Held from the exit until this is dropped (the process deleted): the release of the
+    /// output fifos waits for a late client until then.
+    deleted: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl ProcessIo {
@@ -78,12 +82,28 @@ impl ProcessIo {
             .and_then(|c| TerminalState::read(c).ok())
     }
 
+    /// The process has exited: the shim lets go of its readers on the output fifos and returns
+    /// what a client still has to read in them, to wait on ([`ProcessIo::wait_drained`]),
+    /// with no lock held, before the exit is reported. See `release`.
+    pub fn start_drain(&mut self) -> Option<Drain> {
+        self.outputs.start_drain()
+    }
+
+    /// Waits, within bounds, for the clients of `drain` to read what is left in the fifos.
+    pub fn wait_drained(drain: Drain) {
+        drain.wait(release::DRAIN_STALL, release::DRAIN_CAP);
+    }
+
     /// The process has exited: the shim lets go of its output fifos once containerd's client
     /// has opened its ends (or has not within a few seconds), so that the client reads all of
     /// the output, then end-of-file. Returns at once; the rest goes on in the background.
     /// Never for a process a restore replaces: its successor takes the fifos over as they are.
     pub fn release_outputs(&mut self) {
-        std::mem::take(&mut self.outputs).release(release::TIMEOUT);
+        let (deleted, watch) = std::sync::mpsc::channel();
+        // Dropped with this ProcessIo, at the process's delete: a client not come by then
+        // never will.
+        self.deleted = Some(deleted);
+        std::mem::take(&mut self.outputs).release(release::TIMEOUT, watch);
     }
 }
 

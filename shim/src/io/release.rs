@@ -15,6 +15,14 @@
 //! or after a timeout (nobody is coming: `ctr run -d`; the output is dropped, as ever), of
 //! its write end. What the process wrote stays in the pipe meanwhile, kept by that writer,
 //! so the client reads all of it, then end-of-file.
+//!
+//! A client that is reading must also have read it before the exit is reported
+//! ([`HeldOutputs::start_drain`], [`Drain::wait`]): containerd's own client drops whatever it
+//! has not read once Wait has returned. `ctr run` (containerd 1.7.2 on, 2.x) calls
+//! `task.Delete`, which calls `io.Cancel()` before `io.Wait()`, and `cio`'s Cancel closes its
+//! read ends of the fifos (containerd PR #8334): its copy stops at the next read, and what was
+//! still in the fifo, up to a pipe's buffer, is gone. The runc shim has the same race; it
+//! shows with a client slowed down (a loaded host, a slow reader of ctr's stdout).
 
 use std::{
     fs::{File, OpenOptions},
@@ -29,16 +37,37 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// How long a client has, once the process has exited, to open its end of an output fifo.
+/// How long a client has, once the process has exited, to open its end of an output fifo,
+/// looked for often. After it, the shim still looks, less often, until the process is deleted
+/// (a client that opens late, an exec's among them, then reads all, as one on time does),
+/// or [`LATE_LIMIT`].
 pub(super) const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest the shim holds the writers of a process nobody deletes (`ctr run -d` whose
+/// task is left): a bound on what such processes keep.
+const LATE_LIMIT: Duration = Duration::from_secs(3600);
+
+/// The pause between two looks for a late client.
+const LATE_PAUSE: Duration = Duration::from_millis(500);
 
 /// The longest pause between two looks for a client's reader.
 const MAX_PAUSE: Duration = Duration::from_millis(20);
 
+/// How long an exit waits for a client that reads none of what is left in an output fifo
+/// (one stuck behind its own output) before it is reported anyway.
+pub(super) const DRAIN_STALL: Duration = Duration::from_secs(1);
+
+/// The longest an exit waits for a client to read what is left in the output fifos.
+pub(super) const DRAIN_CAP: Duration = Duration::from_secs(5);
+
+/// The longest pause between two looks at what is left in a fifo.
+const DRAIN_PAUSE: Duration = Duration::from_millis(5);
+
 /// The ends of one output fifo the shim holds.
 struct HeldFifo {
     path: PathBuf,
-    reader: File,
+    /// The shim's reader: gone once the process has exited (see [`HeldOutputs::start_drain`]).
+    reader: Option<File>,
     writer: File,
 }
 
@@ -58,7 +87,7 @@ impl HeldOutputs {
     pub fn hold(&mut self, path: &Path, reader: File, writer: &File) -> io::Result<()> {
         self.fifos.push(HeldFifo {
             path: path.to_path_buf(),
-            reader,
+            reader: Some(reader),
             writer: writer.try_clone()?,
         });
         Ok(())
@@ -70,22 +99,45 @@ impl HeldOutputs {
         self.copier = Some(done);
     }
 
+    /// The process has exited, and nothing writes to its fifos any more (a terminal's copier
+    /// may still: then `None`, the release waits for it). The shim lets go of its own readers
+    /// (as [`HeldOutputs::release`] would at once) and returns its writers on the fifos that a
+    /// client reads and that still hold output, for [`Drain::wait`] before the exit is
+    /// reported, with no lock held. `None` where nothing is left to read or nobody reads.
+    pub fn start_drain(&mut self) -> Option<Drain> {
+        if self.copier.is_some() {
+            return None;
+        }
+        let mut fifos = Vec::new();
+        for f in &mut self.fifos {
+            f.reader = None;
+            if unread(&f.writer) > 0 && has_reader(&f.writer) {
+                match f.writer.try_clone() {
+                    Ok(w) => fifos.push((f.path.clone(), w)),
+                    Err(e) => log::warn!("output fifo {}: {e}; not drained", f.path.display()),
+                }
+            }
+        }
+        (!fifos.is_empty()).then_some(Drain { fifos })
+    }
+
     /// Lets go of the held ends, as the module says, on a thread of its own (the thread, if
-    /// anything was held), giving a client `timeout` to open its end. Never blocks.
-    pub fn release(self, timeout: Duration) -> Option<JoinHandle<()>> {
+    /// anything was held), giving a client `timeout` to open its end, and then until
+    /// `deleted` disconnects (the process is deleted) or [`LATE_LIMIT`]. Never blocks.
+    pub fn release(self, timeout: Duration, deleted: Receiver<()>) -> Option<JoinHandle<()>> {
         if self.fifos.is_empty() {
             return None;
         }
         let spawned = std::thread::Builder::new()
             .name("out-release".into())
-            .spawn(move || self.let_go(timeout));
+            .spawn(move || self.let_go(timeout, deleted));
         // Without a thread, everything is closed at once (the closure is dropped with it).
         spawned
             .inspect_err(|e| log::warn!("output fifos let go at once: {e}"))
             .ok()
     }
 
-    fn let_go(self, timeout: Duration) {
+    fn let_go(self, timeout: Duration, deleted: Receiver<()>) {
         let deadline = Instant::now() + timeout;
         if let Some(done) = self.copier {
             // Until then the end of the output may be on its way: written with neither the
@@ -111,27 +163,101 @@ impl HeldOutputs {
             std::thread::sleep(pause.min(left));
             pause = (pause * 2).min(MAX_PAUSE);
         }
+        // A client may still come (an exec's, late): the writers stay until it does, or the
+        // process is deleted, looked at less often.
+        let late = Instant::now() + LATE_LIMIT;
+        while !waiting.is_empty() && Instant::now() < late {
+            match deleted.recv_timeout(LATE_PAUSE) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => break,
+            }
+            waiting.retain(|(path, writer)| !read_or_gone(path, writer));
+        }
         for (path, _) in &waiting {
             log::debug!(
-                "nobody opened output fifo {} within {timeout:?} of its process's exit: its \
-                 output is dropped",
+                "nobody opened output fifo {} before its process was deleted: its output is \
+                 dropped",
                 path.display()
             );
         }
     }
 }
 
+/// Writers on output fifos that a client reads and that still hold some of an exited
+/// process's output (see [`HeldOutputs::start_drain`]).
+pub struct Drain {
+    fifos: Vec<(PathBuf, File)>,
+}
+
+impl Drain {
+    /// Returns once the clients have read everything left in the fifos (their copy has it:
+    /// closing their ends loses nothing), or have gone, or have read nothing for `stall`, or
+    /// after `cap`.
+    pub fn wait(mut self, stall: Duration, cap: Duration) {
+        let started = Instant::now();
+        let mut progress = started;
+        let mut left = usize::MAX;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            self.fifos.retain(|(_, w)| unread(w) > 0 && has_reader(w));
+            let now: usize = self.fifos.iter().map(|(_, w)| unread(w)).sum();
+            if now < left {
+                left = now;
+                progress = Instant::now();
+            }
+            if self.fifos.is_empty() || progress.elapsed() >= stall || started.elapsed() >= cap {
+                break;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(DRAIN_PAUSE);
+        }
+        for (path, w) in &self.fifos {
+            log::warn!(
+                "output fifo {}: its client left {} bytes unread {:?} after its process's \
+                 exit; the exit is reported anyway",
+                path.display(),
+                unread(w),
+                started.elapsed()
+            );
+        }
+        if !self.fifos.is_empty() || started.elapsed() > Duration::from_millis(1) {
+            log::debug!("output fifos drained in {:?}", started.elapsed());
+        }
+    }
+}
+
+/// How many bytes are in the fifo `end` is on, not read yet (FIONREAD: on either end).
+fn unread(end: &File) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which outlives the call.
+    let rc = unsafe { libc::ioctl(end.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if rc < 0 {
+        0
+    } else {
+        n as usize
+    }
+}
+
+/// Whether the fifo `writer` is on has a reader: a client's, once the shim's is gone.
+fn has_reader(writer: &File) -> bool {
+    probe(writer).is_ok()
+}
+
+/// A non-blocking writer opened through `writer`, so on that very fifo even where its path
+/// was removed or replaced: ENXIO when it has no reader. Dropped at once by the callers: the
+/// shim's writer still holds the fifo.
+fn probe(writer: &File) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", writer.as_raw_fd()))
+}
+
 /// Whether the fifo `writer` is on has a reader (a client's: the shim's is gone), or can
 /// have none any more (its path is gone).
 fn read_or_gone(path: &Path, writer: &File) -> bool {
-    // Opened through the shim's writer, the probe is on that very fifo, even where its path
-    // was removed or replaced. Dropped at once: the shim's writer still holds the fifo.
     // ENXIO: no reader (containerd's client counts as one from the start of its open).
-    let probe = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(format!("/proc/self/fd/{}", writer.as_raw_fd()));
-    match probe {
+    match probe(writer) {
         Ok(_) => true,
         Err(e) if e.raw_os_error() == Some(libc::ENXIO) => !same_file(path, writer),
         Err(e) => {

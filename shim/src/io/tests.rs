@@ -207,7 +207,7 @@ fn a_client_reading_already_gets_end_of_file_as_soon_as_the_exit_releases_the_fi
 }
 
 #[test]
-fn with_no_client_a_release_ends_within_its_timeout_and_leaves_no_end_open() {
+fn with_no_client_a_release_ends_at_the_delete_and_leaves_no_end_open() {
     let dir = tempfile::tempdir().unwrap();
     let (o, e) = (fifo(dir.path(), "out"), fifo(dir.path(), "err"));
     let (stdio, mut pio) =
@@ -220,17 +220,25 @@ fn with_no_client_a_release_ends_within_its_timeout_and_leaves_no_end_open() {
         "a reader and a writer each"
     );
     let started = Instant::now();
+    let (deleted, watch) = std::sync::mpsc::channel::<()>();
     let thread = std::mem::take(&mut pio.outputs)
-        .release(Duration::from_millis(300))
+        .release(Duration::from_millis(300), watch)
         .unwrap();
     assert!(
         started.elapsed() < Duration::from_millis(100),
         "never blocks"
     );
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        fds_on(&o),
+        1,
+        "past the timeout, a writer waits for a late client"
+    );
+    drop(deleted); // the process is deleted
     thread.join().unwrap();
     let took = started.elapsed();
     assert!(
-        (Duration::from_millis(300)..Duration::from_secs(3)).contains(&took),
+        (Duration::from_millis(800)..Duration::from_secs(3)).contains(&took),
         "{took:?}"
     );
     assert_eq!((fds_on(&o), fds_on(&e)), (0, 0));
@@ -246,7 +254,33 @@ fn with_no_client_a_release_ends_within_its_timeout_and_leaves_no_end_open() {
         .open(&o)
         .unwrap();
     assert_eq!(late.read(&mut [0u8; 8]).unwrap(), 0);
-    assert!(pio.outputs.release(Duration::from_secs(5)).is_none());
+    let (_deleted, watch) = std::sync::mpsc::channel::<()>();
+    assert!(pio.outputs.release(Duration::from_secs(5), watch).is_none());
+}
+
+#[test]
+fn a_client_that_opens_after_the_timeout_still_reads_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = fifo(dir.path(), "out");
+    let (stdio, mut pio) = open_plain(&outputs(&o, None), &LogContext::default(), None).unwrap();
+    stdio
+        .stdout
+        .as_ref()
+        .unwrap()
+        .write_all(b"all of it")
+        .unwrap();
+    drop(stdio);
+    let (_deleted, watch) = std::sync::mpsc::channel::<()>();
+    let thread = std::mem::take(&mut pio.outputs)
+        .release(Duration::from_millis(100), watch)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    // containerd's fifo package: a blocking open, which a writer must be there for.
+    let mut late = File::open(&o).unwrap();
+    let mut got = String::new();
+    late.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "all of it");
+    thread.join().unwrap();
 }
 
 #[test]
@@ -257,8 +291,9 @@ fn a_fifo_removed_by_its_client_is_let_go_of_at_once() {
     drop(stdio);
     std::fs::remove_file(&o).unwrap(); // nobody can open it any more
     let started = Instant::now();
+    let (_deleted, watch) = std::sync::mpsc::channel::<()>();
     pio.outputs
-        .release(Duration::from_secs(5))
+        .release(Duration::from_secs(5), watch)
         .unwrap()
         .join()
         .unwrap();
@@ -298,4 +333,141 @@ fn a_replaced_process_hands_its_fifos_over_with_no_end_of_file() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// containerd's client as `ctr run` (containerd 2.x) has it: its reader opened without
+/// blocking (`cio`), a copy that lags (a loaded host, a slow reader of ctr's stdout), and,
+/// once Wait has returned, `task.Delete`: `io.Cancel()` closes its read end, the copy stops
+/// at its next read, whatever the fifo still held is lost.
+struct LaggingClient {
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    got: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl LaggingClient {
+    fn open(path: &Path) -> Self {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .unwrap();
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c = cancel.clone();
+        let got = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            std::thread::sleep(Duration::from_millis(50)); // behind already
+            while !c.load(std::sync::atomic::Ordering::SeqCst) {
+                match f.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+                std::thread::sleep(Duration::from_millis(2)); // writing it out, slowly
+            }
+            got
+        });
+        LaggingClient { cancel, got }
+    }
+
+    /// Wait returned: task.Delete -> io.Cancel(), io.Wait().
+    fn cancel_and_wait(self) -> Vec<u8> {
+        self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.got.join().unwrap()
+    }
+}
+
+#[test]
+fn an_exit_is_reported_only_once_a_lagging_client_has_read_what_is_left_in_the_fifo() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = fifo(dir.path(), "out");
+    let client = LaggingClient::open(&o);
+    let (stdio, mut pio) = open_plain(&outputs(&o, None), &LogContext::default(), None).unwrap();
+    let long: Vec<u8> = (0..60_000u32).map(|n| n as u8).collect(); // fits a pipe's buffer
+    stdio.stdout.as_ref().unwrap().write_all(&long).unwrap();
+    drop(stdio); // the process exits
+    let drain = pio
+        .start_drain()
+        .expect("a client reads, and output is left");
+    let started = Instant::now();
+    ProcessIo::wait_drained(drain);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    pio.release_outputs(); // the exit is reported: ctr's Wait returns, it deletes
+    assert_eq!(client.cancel_and_wait().len(), long.len(), "output lost");
+}
+
+#[test]
+fn without_a_drain_a_lagging_client_loses_the_end_of_the_output() {
+    // What the e2e case output_is_never_lost saw (98790 of 100000 lines): the exit reported
+    // as the sandbox ended, with output still in the fifo.
+    let dir = tempfile::tempdir().unwrap();
+    let o = fifo(dir.path(), "out");
+    let client = LaggingClient::open(&o);
+    let (stdio, mut pio) = open_plain(&outputs(&o, None), &LogContext::default(), None).unwrap();
+    stdio
+        .stdout
+        .as_ref()
+        .unwrap()
+        .write_all(&[7u8; 60_000])
+        .unwrap();
+    drop(stdio);
+    pio.release_outputs();
+    assert!(client.cancel_and_wait().len() < 60_000);
+}
+
+#[test]
+fn nothing_to_drain_without_a_client_or_without_output_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = fifo(dir.path(), "out");
+    // ctr run -d: no client reads.
+    let (stdio, mut pio) = open_plain(&outputs(&o, None), &LogContext::default(), None).unwrap();
+    stdio.stdout.as_ref().unwrap().write_all(b"unread").unwrap();
+    drop(stdio);
+    assert!(pio.start_drain().is_none());
+    drop(pio);
+    // A client that has read everything already.
+    let p = fifo(dir.path(), "out2");
+    let mut reader = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&p)
+        .unwrap();
+    let (stdio, mut pio) = open_plain(&outputs(&p, None), &LogContext::default(), None).unwrap();
+    stdio.stdout.as_ref().unwrap().write_all(b"read").unwrap();
+    drop(stdio);
+    assert_eq!(reader.read(&mut [0u8; 16]).unwrap(), 4);
+    assert!(pio.start_drain().is_none());
+}
+
+#[test]
+fn a_client_that_reads_nothing_delays_the_exit_only_by_the_stall_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = fifo(dir.path(), "out");
+    let _stuck = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&o)
+        .unwrap();
+    let (stdio, mut pio) = open_plain(&outputs(&o, None), &LogContext::default(), None).unwrap();
+    stdio
+        .stdout
+        .as_ref()
+        .unwrap()
+        .write_all(b"never read")
+        .unwrap();
+    drop(stdio);
+    let started = Instant::now();
+    pio.start_drain()
+        .unwrap()
+        .wait(Duration::from_millis(200), Duration::from_secs(5));
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_millis(200)..Duration::from_secs(2)).contains(&took),
+        "{took:?}"
+    );
 }

@@ -15,7 +15,7 @@ use containerd_shim::protos::{
 
 use super::Sandboxes;
 use crate::container::{Container, ContainerState, ExitInfo, Process};
-use crate::{events::timestamp, oom};
+use crate::{events::timestamp, io::ProcessIo, oom};
 
 impl Sandboxes {
     /// Watches sandbox process `pid` of `c` (and its memory cgroup, for TaskOOM).
@@ -61,6 +61,7 @@ impl Sandboxes {
                 log::warn!("container {id}: why it ended was not recorded: {e}");
             }
         }
+        self.drain_outputs(&c, "", Some(pid));
         let mut st = c.state.lock().unwrap();
         if st.init.pid != pid {
             log::info!("container {id}: replaced sandbox {pid} exited with {status}");
@@ -77,6 +78,7 @@ impl Sandboxes {
     /// Process `exec_id` (the init when empty) of container `id` ended with `status`.
     pub(super) fn process_exited(&self, id: &str, exec_id: &str, status: i32) {
         let Ok(c) = self.container(id) else { return };
+        self.drain_outputs(&c, exec_id, None);
         let mut st = c.state.lock().unwrap();
         if exec_id.is_empty() && st.init.busy.is_some() {
             st.init.pending_exit = Some((st.init.pid, status));
@@ -84,6 +86,31 @@ impl Sandboxes {
         }
         if let Some(p) = st.process_mut(exec_id) {
             self.record_exit(id, p, status);
+        }
+    }
+
+    /// Before the exit of process `exec_id` of `c` (the init's sandbox `pid`, where given) is
+    /// reported: waits, with no lock held and within bounds, for a client reading its output
+    /// fifos to have read what it left there. containerd's client drops what it has not read
+    /// once Wait returns (`ctr run`: task.Delete closes its fifos, io.Cancel, before io.Wait),
+    /// so the exit must not come first. Not for an init that is busy (its exit waits) or whose
+    /// sandbox was replaced: its fifos are the successor's.
+    fn drain_outputs(&self, c: &Container, exec_id: &str, pid: Option<u32>) {
+        let drain = {
+            let mut st = c.state.lock().unwrap();
+            match st.process_mut(exec_id) {
+                Some(p)
+                    if p.status != Status::Stopped
+                        && p.busy.is_none()
+                        && pid.is_none_or(|pid| p.pid == pid) =>
+                {
+                    p.io.start_drain()
+                }
+                _ => None,
+            }
+        };
+        if let Some(drain) = drain {
+            ProcessIo::wait_drained(drain);
         }
     }
 

@@ -3,7 +3,10 @@
 //! from `runsc wait`), and a restored pod sandbox waits for its containers to be restored
 //! into it before it is settled.
 
-use std::sync::{atomic::Ordering, Arc};
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use chalk_runtime::{runsc::ProcessStdio, state::Status};
 
@@ -114,11 +117,7 @@ impl Sandboxes {
         // Watched before anything else can fail: whatever happens next, its exit is known.
         let (this, member) = (self.clone(), c.clone());
         std::thread::spawn(move || {
-            let status = member.runtime.wait(&member.id).unwrap_or_else(|e| {
-                // The sandbox went (the pod was killed): so did the container, by SIGKILL.
-                log::warn!("container {}: {e}; it ended with its sandbox", member.id);
-                KILLED as i32
-            });
+            let status = wait_for_member(member.runtime.as_ref(), &member.id);
             if status == 0 {
                 this.note_completed(&member);
             }
@@ -151,5 +150,82 @@ impl Sandboxes {
         if !done.contains(&name) {
             done.push(name);
         }
+    }
+}
+
+/// What a failed `runsc wait` of a pod container means, from `runsc state` just after it.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterFailedWait {
+    /// runsc still runs it: the wait failed, not the container (its process was killed, the
+    /// sandbox's control server was slow to answer). Wait again.
+    StillRuns,
+    /// runsc no longer knows it, or it stopped: it ended with its sandbox, by SIGKILL.
+    Ended,
+}
+
+fn after_failed_wait(
+    state: &chalk_runtime::Result<chalk_runtime::runsc::State>,
+) -> AfterFailedWait {
+    match state {
+        Ok(s) if matches!(s.status.as_str(), "running" | "created" | "paused") => {
+            AfterFailedWait::StillRuns
+        }
+        _ => AfterFailedWait::Ended,
+    }
+}
+
+/// Blocks until pod container `id` exits: its status. A pod container has no host process, so
+/// `runsc wait` is how its exit is known; a wait that fails while runsc still runs the
+/// container is never taken for its exit (it would read exited to CRI while it runs on).
+fn wait_for_member(runtime: &dyn chalk_runtime::runsc::SandboxRuntime, id: &str) -> i32 {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let e = match runtime.wait(id) {
+            Ok(status) => return status,
+            Err(e) => e,
+        };
+        match after_failed_wait(&runtime.state(id)) {
+            AfterFailedWait::Ended => {
+                log::warn!("container {id}: {e}; it ended with its sandbox");
+                return KILLED as i32;
+            }
+            AfterFailedWait::StillRuns => {
+                log::warn!("container {id}: runsc wait failed while it runs ({e}): waiting again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chalk_runtime::runsc::State;
+
+    fn state(status: &str) -> chalk_runtime::Result<State> {
+        Ok(State {
+            id: "web".into(),
+            status: status.into(),
+            pid: 1,
+        })
+    }
+
+    #[test]
+    fn a_failed_wait_is_an_exit_only_when_runsc_no_longer_runs_the_container() {
+        for running in ["running", "created", "paused"] {
+            assert_eq!(
+                after_failed_wait(&state(running)),
+                AfterFailedWait::StillRuns
+            );
+        }
+        assert_eq!(after_failed_wait(&state("stopped")), AfterFailedWait::Ended);
+        let gone = Err(chalk_runtime::Error::Runsc {
+            op: "state",
+            id: "web".into(),
+            status: 1,
+            message: "container not found".into(),
+        });
+        assert_eq!(after_failed_wait(&gone), AfterFailedWait::Ended);
     }
 }
