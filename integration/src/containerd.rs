@@ -574,7 +574,11 @@ impl Containerd {
     pub fn import_archive(&self, file: &str, archive: &[u8]) -> io::Result<()> {
         let archive_path = self.dir().join(format!("{file}.oci.tar"));
         std::fs::write(&archive_path, archive)?;
-        let archive = archive_path;
+        self.import_archive_file(&archive_path)
+    }
+
+    /// Imports the OCI archive at `archive` (one image).
+    pub fn import_archive_file(&self, archive: &Path) -> io::Result<()> {
         let out = self.ctr([
             OsStr::new("images"),
             OsStr::new("import"),

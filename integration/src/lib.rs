@@ -6,6 +6,7 @@ pub mod bench;
 pub mod containerd;
 pub mod cri;
 pub mod crictl;
+pub mod debian;
 pub mod hostile_registry;
 pub mod image;
 pub mod k8s;

@@ -56,6 +56,13 @@ pub fn shares_pages() -> bool {
         })
 }
 
+/// Whether this cell's runsc carries packaging/gvisor's overlay patch, so that a file copied up
+/// keeps its inode number (a local `git clone` works). It comes with the share-pages patch in
+/// runsc-cow, and it has no flag of its own to detect.
+pub fn hardlinks_keep_inodes() -> bool {
+    shares_pages()
+}
+
 /// A private containerd the cases share.
 pub struct Env {
     pub c: Containerd,

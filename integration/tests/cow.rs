@@ -24,12 +24,15 @@ fn main() {
     let patched = testkit::shares_pages();
     if patched {
         memfill::import(&c).unwrap_or_else(|e| panic!("cannot import the memfill image: {e}"));
+        c.import_debian()
+            .unwrap_or_else(|e| panic!("cannot import the Debian image: {e}"));
     }
     let env = Env { c };
     let all = cases![
         forks_share_memory_until_they_write,
         a_snapshot_of_a_fork_restores_and_shares,
         files_in_memory_share_until_written,
+        a_local_git_clone_works_and_survives_a_fork,
     ]
     .into_iter()
     .map(|c| c.ignored_if(!patched))
@@ -304,4 +307,49 @@ fn files_in_memory_share_until_written(e: &Env) -> TestResult {
         Ok(())
     })();
     e.conclude(result, &ids, &snapshots)
+}
+
+/// packaging/gvisor's overlay patch: a file copied up keeps its inode number, so git's hard
+/// links of a local repository in the image are the files they link, and the plain clone
+/// works; its checkout and index are whole in a fork.
+fn a_local_git_clone_works_and_survives_a_fork(e: &Env) -> TestResult {
+    use chalk_integration::debian::{COUNT_PY, DEBIAN_IMAGE};
+    let (id, fork) = ("cow-git", "cow-git-f");
+    e.remove(id);
+    e.remove(fork);
+    let result = (|| {
+        let mut run = vec!["run", DEBIAN_IMAGE, id, "--"];
+        run.extend_from_slice(COUNT_PY);
+        let out = e.chalkctl(&run);
+        ensure!(out.code == 0, "run: {out:?}");
+        sh(e, id, "git clone -q /srv/app.git /workspace/app")?;
+        // The objects are hard links of the image's: one inode, as on Linux's overlayfs.
+        let links = sh(
+            e,
+            id,
+            "cd /workspace/app/.git/objects && find . -type f -links +1 | wc -l",
+        )?;
+        ensure!(
+            links.parse::<u32>().unwrap_or(0) > 0,
+            "no object of the clone is a hard link: {links}"
+        );
+        let tests = sh(
+            e,
+            id,
+            "cd /workspace/app && python3 -m pytest -q -p no:cacheprovider",
+        )?;
+        ensure!(tests.contains("4 passed"), "pytest: {tests}");
+        let out = e.chalkctl(&["fork", "--id", id, "--fork-id", fork]);
+        ensure!(out.code == 0, "fork: {out:?}");
+        let fsck = sh(
+            e,
+            fork,
+            "cd /workspace/app && git fsck --no-dangling && git status --porcelain",
+        )?;
+        ensure!(fsck.is_empty(), "the fork's clone: {fsck}");
+        // A second clone in the fork links the same image files again.
+        sh(e, fork, "git clone -q /srv/app.git /workspace/again")?;
+        Ok(())
+    })();
+    e.conclude(result, &[id, fork], &[])
 }

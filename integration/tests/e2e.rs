@@ -52,6 +52,9 @@ mod nerdctl;
 #[path = "e2e/cli.rs"]
 mod cli;
 
+#[path = "e2e/debian.rs"]
+mod debian;
+
 fn main() {
     testkit::check_args();
     let c = Containerd::start().unwrap_or_else(|e| panic!("cannot start containerd: {e}"));
@@ -118,6 +121,8 @@ fn main() {
         faults::fault_forks_run_while_their_snapshot_is_sealed,
         faults::fault_shim_or_sandbox_killed_during_a_restore_leaves_no_fork,
         faults::fault_containerd_restarted_with_twenty_sandboxes,
+        debian::debian_workload_carries_on_across_snapshot_fork_and_suspend,
+        debian::debian_git_project_forks_three_ways,
     ];
     // A test of an optional peer is listed as ignored, never passed, when the peer is absent.
     let no_nerdctl = std::env::var_os("CHALK_NERDCTL").is_none_or(|v| v.is_empty());

@@ -235,15 +235,18 @@ fn rm_and_exit_leave_no_network_behind(net: &Net) -> TestResult {
             waited.stdout.contains('3'),
             "exit status not reported: {waited:?}"
         );
+        // The shim releases the network off the exit's thread: the CNI DEL, then the
+        // namespace. Both are waited for (checking the namespace once, right after the CNI
+        // state went, lost that race under load).
+        let netns =
+            chalk_runtime::netns::netns_path(&e.c.dir().join("runsc"), &e.c.namespace, ends);
         let gone = eventually(Duration::from_secs(10), || {
             let left = network::leftovers(&cni);
             ensure!(left.is_empty(), "after its exit: {left:?}");
+            ensure!(!netns.exists(), "its namespace is left after its exit");
             Ok(())
         });
         gone?;
-        let netns =
-            chalk_runtime::netns::netns_path(&e.c.dir().join("runsc"), &e.c.namespace, ends);
-        ensure!(!netns.exists(), "its namespace is left after its exit");
         Ok(())
     })();
     e.conclude(result, &[kept, ends], &[])

@@ -21,6 +21,8 @@ use chalk_integration::{
 };
 use serde_json::Value;
 
+#[path = "travel/debian.rs"]
+mod debian;
 #[path = "travel/faults.rs"]
 mod faults;
 use faults::{filled, fresh_host, Own};
@@ -491,6 +493,7 @@ fn main() {
         faults::fault_registry_gone_mid_push_and_mid_pull,
         trust::an_encrypted_snapshot_is_unreadable_and_opens_only_with_its_key,
         trust::a_trust_policy_lets_in_only_what_its_key_signed,
+        debian::a_debian_workload_resumes_and_forks_on_another_host,
     ];
     all.extend(cases![a_lazy_resume_and_fork_on_another_host_carry_on]);
     // Debian's runsc cannot give a sandbox a network of its own (tests/network.rs).

@@ -169,8 +169,9 @@ pub fn a_lazy_resume_and_fork_on_another_host_carry_on(h: &Hosts) -> TestResult 
 }
 
 /// What a restore whose memory could not arrive leaves: its sandbox stopped with the reason
-/// on its record (the error of the command when the restore itself failed), and of the pull
-/// nothing: no record, no blob, no bytes, no mount.
+/// on its record (the error of the command when the restore itself failed, or when serving
+/// had failed before the shim linked the snapshot: the background fetch may reach a bad piece
+/// first), and of the pull nothing: no record, no blob, no bytes, no mount.
 fn ended_with_reason(
     host: &Env,
     fork: &str,
