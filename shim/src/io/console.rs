@@ -15,6 +15,7 @@ use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 
 use super::{
     outputs::{open_outputs, Outputs},
+    release::Copied,
     stdin::{spawn_stdin_copier, StdinSink, TerminalSignals},
     ProcessIo, StdioPaths,
 };
@@ -47,7 +48,8 @@ pub fn attach_console(
         stdout, mut held, ..
     } = open_outputs(&stdout_only, ctx)?;
     // The copier writes the fifo: the shim lets go of its own ends after it (see `release`).
-    let (written, copied) = std::sync::mpsc::channel::<()>();
+    let copied = Copied::default();
+    let written = copied.done_on_drop();
     held.copied_by(copied);
     pio.outputs = held;
     let mut from_master = master.try_clone()?;
@@ -250,5 +252,63 @@ mod tests {
             .expect("the client's open or read hung")
             .unwrap();
         assert_eq!(got, b"bye");
+    }
+
+    #[test]
+    fn a_terminals_exit_is_reported_only_once_its_last_line_is_copied_and_read() {
+        // `ctr run --rm -t` on a loaded host (FLAKES.md row 21): the process's last line is
+        // still in the pty, or in the fifo, when its exit is reported, and ctr's delete
+        // closes its fifo before reading it.
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().join("out");
+        nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        let client = crate::io::tests::LaggingClient::open(&o);
+        let (master, mut slave) = open_pty().unwrap();
+        let paths = StdioPaths {
+            stdout: o.display().to_string(),
+            terminal: true,
+            ..Default::default()
+        };
+        let mut pio = attach_console(&paths, master, &LogContext::default(), None).unwrap();
+        let mut sent = Vec::new();
+        for n in 0..2000 {
+            let line = format!("line {n}\n");
+            slave.write_all(line.as_bytes()).unwrap();
+            sent.extend_from_slice(line.replace('\n', "\r\n").as_bytes());
+        }
+        // The process's side closes a moment after its exit is seen (runsc tearing down).
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(slave);
+        });
+        let drain = pio.start_drain().expect("a terminal's output is drained");
+        crate::io::ProcessIo::wait_drained(drain);
+        pio.release_outputs(); // the exit is reported: ctr deletes, closing its fifo
+        closer.join().unwrap();
+        let got = client.cancel_and_wait();
+        assert_eq!(got.len(), sent.len(), "output lost");
+        assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn a_terminal_nobody_reads_delays_its_exit_only_by_the_stall_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().join("out");
+        nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        let (master, mut slave) = open_pty().unwrap();
+        let paths = StdioPaths {
+            stdout: o.display().to_string(),
+            terminal: true,
+            ..Default::default()
+        };
+        let mut pio = attach_console(&paths, master, &LogContext::default(), None).unwrap();
+        slave.write_all(b"unread\n").unwrap();
+        drop(slave);
+        let started = std::time::Instant::now();
+        pio.start_drain()
+            .unwrap()
+            .wait(Duration::from_millis(200), Duration::from_secs(5));
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{took:?}");
     }
 }

@@ -32,7 +32,7 @@ use std::{
         unix::fs::{MetadataExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
-    sync::mpsc::Receiver,
+    sync::{mpsc::Receiver, Arc, Condvar, Mutex},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -77,9 +77,42 @@ struct HeldFifo {
 #[derive(Default)]
 pub(super) struct HeldOutputs {
     fifos: Vec<HeldFifo>,
-    /// With a terminal, the shim's copier from the pty writes to the fifos: this reads as
-    /// disconnected once it has written its last.
-    copier: Option<Receiver<()>>,
+    /// With a terminal, the shim's copier from the pty writes to the fifos: set once it has
+    /// written its last.
+    copier: Option<Copied>,
+}
+
+/// Set once a terminal's copier has written its last into the output fifos: the drain and
+/// the release both wait for it. The copier sets it by dropping its [`CopierDone`].
+#[derive(Clone, Default)]
+pub(super) struct Copied(Arc<(Mutex<bool>, Condvar)>);
+
+impl Copied {
+    /// The copier's side: sets this when dropped, however the copier ends.
+    pub fn done_on_drop(&self) -> CopierDone {
+        CopierDone(self.clone())
+    }
+
+    /// Whether it is set, waiting up to `timeout` for it.
+    fn wait(&self, timeout: Duration) -> bool {
+        let (done, changed) = &*self.0;
+        let done = done.lock().unwrap();
+        let (done, _) = changed
+            .wait_timeout_while(done, timeout, |done| !*done)
+            .unwrap();
+        *done
+    }
+}
+
+/// Held by a terminal's copier: dropped once it has written its last (see [`Copied`]).
+pub struct CopierDone(Copied);
+
+impl Drop for CopierDone {
+    fn drop(&mut self) {
+        let (done, changed) = &*(self.0).0;
+        *done.lock().unwrap() = true;
+        changed.notify_all();
+    }
 }
 
 impl HeldOutputs {
@@ -93,32 +126,35 @@ impl HeldOutputs {
         Ok(())
     }
 
-    /// The fifos are written by a copier of the shim's, which drops the sender of `done`
-    /// once it has written its last: a release waits for that first (up to its timeout).
-    pub fn copied_by(&mut self, done: Receiver<()>) {
+    /// The fifos are written by a copier of the shim's, which sets `done` once it has
+    /// written its last: a drain and a release wait for that first (within their bounds).
+    pub fn copied_by(&mut self, done: Copied) {
         self.copier = Some(done);
     }
 
-    /// The process has exited, and nothing writes to its fifos any more (a terminal's copier
-    /// may still: then `None`, the release waits for it). The shim lets go of its own readers
-    /// (as [`HeldOutputs::release`] would at once) and returns its writers on the fifos that a
-    /// client reads and that still hold output, for [`Drain::wait`] before the exit is
-    /// reported, with no lock held. `None` where nothing is left to read or nobody reads.
+    /// The process has exited. Without a terminal nothing writes to its fifos any more: the
+    /// shim lets go of its own readers (as [`HeldOutputs::release`] would at once) and returns
+    /// its writers on the fifos that a client reads and that still hold output, for
+    /// [`Drain::wait`] before the exit is reported, with no lock held; `None` where nothing is
+    /// left to read or nobody reads. With a terminal the copier may still be writing the end
+    /// of the output: the readers stay until it is done (see [`HeldOutputs::release`]), and
+    /// the drain waits for it, then for the client to read.
     pub fn start_drain(&mut self) -> Option<Drain> {
-        if self.copier.is_some() {
-            return None;
-        }
+        let copier = self.copier.clone();
         let mut fifos = Vec::new();
         for f in &mut self.fifos {
-            f.reader = None;
-            if unread(&f.writer) > 0 && has_reader(&f.writer) {
-                match f.writer.try_clone() {
-                    Ok(w) => fifos.push((f.path.clone(), w)),
-                    Err(e) => log::warn!("output fifo {}: {e}; not drained", f.path.display()),
+            if copier.is_none() {
+                f.reader = None;
+                if unread(&f.writer) == 0 || !has_reader(&f.writer) {
+                    continue;
                 }
             }
+            match f.writer.try_clone() {
+                Ok(w) => fifos.push((f.path.clone(), w)),
+                Err(e) => log::warn!("output fifo {}: {e}; not drained", f.path.display()),
+            }
         }
-        (!fifos.is_empty()).then_some(Drain { fifos })
+        (!fifos.is_empty()).then_some(Drain { fifos, copier })
     }
 
     /// Lets go of the held ends, as the module says, on a thread of its own (the thread, if
@@ -142,7 +178,7 @@ impl HeldOutputs {
         if let Some(done) = self.copier {
             // Until then the end of the output may be on its way: written with neither the
             // shim's reader nor a client's, it would fail (EPIPE) and be lost.
-            let _ = done.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+            done.wait(deadline.saturating_duration_since(Instant::now()));
         }
         // The process has written its last: what it wrote stays, held by the writers.
         let mut waiting: Vec<(PathBuf, File)> = self
@@ -187,15 +223,22 @@ impl HeldOutputs {
 /// process's output (see [`HeldOutputs::start_drain`]).
 pub struct Drain {
     fifos: Vec<(PathBuf, File)>,
+    /// A terminal's copier, still writing into the fifos until it is set; the shim's readers
+    /// are held meanwhile, so every fifo counts as read and the stall bound ends the wait for
+    /// a client that is not there (`ctr run -d -t`).
+    copier: Option<Copied>,
 }
 
 impl Drain {
     /// Returns once the clients have read everything left in the fifos (their copy has it:
     /// closing their ends loses nothing), or have gone, or have read nothing for `stall`, or
-    /// after `cap`.
+    /// after `cap`; with a terminal, once its copier has written its last, too.
     pub fn wait(mut self, stall: Duration, cap: Duration) {
         let started = Instant::now();
-        let mut progress = started;
+        if let Some(copier) = self.copier.take() {
+            self.wait_for_copier(&copier, stall, cap);
+        }
+        let mut progress = Instant::now();
         let mut left = usize::MAX;
         let mut pause = Duration::from_micros(200);
         loop {
@@ -222,6 +265,30 @@ impl Drain {
         }
         if !self.fifos.is_empty() || started.elapsed() > Duration::from_millis(1) {
             log::debug!("output fifos drained in {:?}", started.elapsed());
+        }
+    }
+
+    /// Waits for a terminal's copier to have written its last (it reads the pty until the
+    /// process's side is closed), within `cap`, or until the output it left has not moved
+    /// for `stall` (a client that does not read: the copier may be blocked on a full fifo).
+    fn wait_for_copier(&self, copier: &Copied, stall: Duration, cap: Duration) {
+        let started = Instant::now();
+        let mut progress = started;
+        let mut last = 0;
+        while !copier.wait(DRAIN_PAUSE) {
+            let now: usize = self.fifos.iter().map(|(_, w)| unread(w)).sum();
+            if now != last {
+                last = now;
+                progress = Instant::now();
+            }
+            if (now > 0 && progress.elapsed() >= stall) || started.elapsed() >= cap {
+                log::warn!(
+                    "a terminal's output was still being copied {:?} after its process's \
+                     exit; the exit is reported anyway",
+                    started.elapsed()
+                );
+                return;
+            }
         }
     }
 }

@@ -339,13 +339,13 @@ fn a_replaced_process_hands_its_fifos_over_with_no_end_of_file() {
 /// blocking (`cio`), a copy that lags (a loaded host, a slow reader of ctr's stdout), and,
 /// once Wait has returned, `task.Delete`: `io.Cancel()` closes its read end, the copy stops
 /// at its next read, whatever the fifo still held is lost.
-struct LaggingClient {
+pub(super) struct LaggingClient {
     cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
     got: std::thread::JoinHandle<Vec<u8>>,
 }
 
 impl LaggingClient {
-    fn open(path: &Path) -> Self {
+    pub(super) fn open(path: &Path) -> Self {
         let mut f = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -372,7 +372,7 @@ impl LaggingClient {
     }
 
     /// Wait returned: task.Delete -> io.Cancel(), io.Wait().
-    fn cancel_and_wait(self) -> Vec<u8> {
+    pub(super) fn cancel_and_wait(self) -> Vec<u8> {
         self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
         self.got.join().unwrap()
     }
