@@ -401,6 +401,14 @@ impl Containerd {
         let _ = fs::remove_file(dir.join(format!("{id}.{stage}.reached")));
     }
 
+    /// Container `id`'s bundle directory, which containerd makes for its task.
+    pub fn bundle(&self, id: &str) -> PathBuf {
+        self.dir()
+            .join("state/io.containerd.runtime.v2.task")
+            .join(&self.namespace)
+            .join(id)
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir().join("containerd.sock")
     }

@@ -159,11 +159,7 @@ impl Env {
     }
 
     pub fn bundle(&self, id: &str) -> PathBuf {
-        self.c
-            .dir()
-            .join("state/io.containerd.runtime.v2.task")
-            .join(&self.c.namespace)
-            .join(id)
+        self.c.bundle(id)
     }
 
     /// Checks that no trace of container `id` is left: no runsc process, runsc state, mount,
@@ -230,7 +226,17 @@ impl Env {
             }
         }
         if self.bundle(id).exists() {
-            found.push(format!("bundle {}", self.bundle(id).display()));
+            // What is in it says who made or kept it.
+            let held: Vec<String> = std::fs::read_dir(self.bundle(id))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            found.push(format!(
+                "bundle {} holding {held:?}",
+                self.bundle(id).display()
+            ));
         }
         let netns =
             chalk_runtime::netns::netns_path(&self.c.dir().join("runsc"), &self.c.namespace, id);

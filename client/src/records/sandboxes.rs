@@ -46,30 +46,46 @@ pub fn chalk_container(client: &Client, id: &str) -> Result<Container> {
     Ok(c)
 }
 
-/// The task of sandbox `c` (its status and pid). A suspend whose taker ended after labelling
-/// the sandbox with its snapshot but before removing the task the checkpoint stopped is
-/// finished here: that task goes, and the sandbox reads suspended.
+/// How long a resume gives a suspend that labelled the sandbox to remove the task its
+/// checkpoint stopped, before it takes that task for one an interrupted suspend left.
+const SUSPEND_REMOVES_ITS_TASK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The task of sandbox `c` (its status and pid). The stopped task of a sandbox labelled
+/// suspended is its suspend's, which removes it just after the label (or, interrupted, left
+/// it for [`removed_left_task`]): the sandbox reads suspended. A reader never removes it:
+/// `chalkctl get`, polled while a suspend runs, would delete the task as the suspend does,
+/// and two deletes of one task at once can leave containerd's bundle directory behind
+/// (FLAKES.md row 7).
 pub fn task_of(client: &Client, c: &Container) -> Result<Option<(String, u32)>> {
-    Ok(settled_task(client, c)?.0)
+    Ok(client
+        .task_status(&c.id)?
+        .filter(|(status, _)| !left_by_suspend(status, c)))
 }
 
-/// As [`task_of`], for a resume: whether it removed a task an interrupted suspend left.
+/// For a resume: waits for the suspend that labelled `c` to remove the task its checkpoint
+/// stopped, and removes it itself once that suspend has had [`SUSPEND_REMOVES_ITS_TASK`]
+/// (it was interrupted). Whether there was such a task (its shim may still be on its way out).
 pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
-    Ok(settled_task(client, c)?.1)
+    let deadline = std::time::Instant::now() + SUSPEND_REMOVES_ITS_TASK;
+    let mut seen = false;
+    loop {
+        match client.task_status(&c.id)? {
+            Some((status, _)) if left_by_suspend(&status, c) => {
+                seen = true;
+                if std::time::Instant::now() >= deadline {
+                    client.delete_stopped_task(&c.id)?;
+                    return Ok(true);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            _ => return Ok(seen),
+        }
+    }
 }
 
-/// The task of `c` after that, and whether the left one was removed.
-fn settled_task(client: &Client, c: &Container) -> Result<(Option<(String, u32)>, bool)> {
-    let task = client.task_status(&c.id)?;
-    match &task {
-        Some((status, _))
-            if status == "stopped" && c.labels.contains_key(chalk_labels::SUSPENDED_FROM) =>
-        {
-            client.delete_stopped_task(&c.id)?;
-            Ok((None, true))
-        }
-        _ => Ok((task, false)),
-    }
+/// Whether a task in `status` is the one a suspend of `c` stopped.
+fn left_by_suspend(status: &str, c: &Container) -> bool {
+    status == "stopped" && c.labels.contains_key(chalk_labels::SUSPENDED_FROM)
 }
 
 fn describe(

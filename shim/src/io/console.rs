@@ -223,18 +223,30 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
     }
 
-    #[test]
-    fn a_terminals_client_that_opens_after_the_exit_reads_all_the_output_then_end_of_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let o = dir.path().join("out");
+    /// A fifo for containerd's client to read the terminal's output from.
+    fn out_fifo(dir: &Path) -> PathBuf {
+        let o = dir.join("out");
         nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
-        let (master, mut slave) = open_pty().unwrap();
+        o
+    }
+
+    /// A pty whose master the shim copies into fifo `o`: the process's end, and the shim's.
+    fn attached(o: &Path) -> (File, ProcessIo) {
+        let (master, slave) = open_pty().unwrap();
         let paths = StdioPaths {
             stdout: o.display().to_string(),
             terminal: true,
             ..Default::default()
         };
-        let mut pio = attach_console(&paths, master, &LogContext::default(), None).unwrap();
+        let pio = attach_console(&paths, master, &LogContext::default(), None).unwrap();
+        (slave, pio)
+    }
+
+    #[test]
+    fn a_terminals_client_that_opens_after_the_exit_reads_all_the_output_then_end_of_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = out_fifo(dir.path());
+        let (mut slave, mut pio) = attached(&o);
         slave.write_all(b"bye").unwrap();
         drop(slave); // the process exits: the copier reads EIO and closes its writer
         pio.release_outputs();
@@ -260,16 +272,9 @@ mod tests {
         // still in the pty, or in the fifo, when its exit is reported, and ctr's delete
         // closes its fifo before reading it.
         let dir = tempfile::tempdir().unwrap();
-        let o = dir.path().join("out");
-        nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
+        let o = out_fifo(dir.path());
         let client = crate::io::tests::LaggingClient::open(&o);
-        let (master, mut slave) = open_pty().unwrap();
-        let paths = StdioPaths {
-            stdout: o.display().to_string(),
-            terminal: true,
-            ..Default::default()
-        };
-        let mut pio = attach_console(&paths, master, &LogContext::default(), None).unwrap();
+        let (mut slave, mut pio) = attached(&o);
         let mut sent = Vec::new();
         for n in 0..2000 {
             let line = format!("line {n}\n");
@@ -293,15 +298,8 @@ mod tests {
     #[test]
     fn a_terminal_nobody_reads_delays_its_exit_only_by_the_stall_bound() {
         let dir = tempfile::tempdir().unwrap();
-        let o = dir.path().join("out");
-        nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits(0o600).unwrap()).unwrap();
-        let (master, mut slave) = open_pty().unwrap();
-        let paths = StdioPaths {
-            stdout: o.display().to_string(),
-            terminal: true,
-            ..Default::default()
-        };
-        let mut pio = attach_console(&paths, master, &LogContext::default(), None).unwrap();
+        let o = out_fifo(dir.path());
+        let (mut slave, mut pio) = attached(&o);
         slave.write_all(b"unread\n").unwrap();
         drop(slave);
         let started = std::time::Instant::now();
