@@ -241,7 +241,7 @@ pub fn pull(
             }
         });
         for d in files {
-            if store.has_blob(&d.digest) {
+            if store.hold_blob(&ingest, &d.digest) {
                 t.present(d.size);
                 continue;
             }

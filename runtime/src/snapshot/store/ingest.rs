@@ -233,6 +233,21 @@ impl Store {
         Ok(true)
     }
 
+    /// Whether blob `digest` is in the store, held for `ingest` until its import: linked in
+    /// as the ingest's part, so that a gc meanwhile (a failed pull's blobs go at the next)
+    /// removes only the blob's own name and [`Store::import`] adopts the part again. Without
+    /// it, a pull that counted on a blob another pull's cleanup then collected failed at its
+    /// import ("was not fetched", FLAKES.md row 23).
+    pub fn hold_blob(&self, ingest: &Ingest, digest: &str) -> bool {
+        let (Ok(blob), Some(hex)) = (self.blob_path(digest), oci::sha256_hex_of(digest)) else {
+            return false;
+        };
+        match fs::hard_link(&blob, ingest.part_path(hex)) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+        }
+    }
+
     /// Stores `bytes` as a blob (a no-op when it exists): its descriptor.
     pub(super) fn put(&self, bytes: &[u8], media_type: &str) -> Result<Descriptor> {
         let digest = oci::sha256_digest(bytes);

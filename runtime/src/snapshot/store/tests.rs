@@ -110,6 +110,38 @@ fn an_imported_snapshot_needs_only_the_blobs_the_store_lacks() {
 }
 
 #[test]
+fn a_blob_a_pull_counted_on_survives_a_gc_before_its_import() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_a, c, small) = committed_on_a(tmp.path());
+    let small: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+    let b = Store::open(&tmp.path().join("b")).unwrap();
+    // A failed pull's pages.img, which no ref holds: the next gc collects it.
+    let pages = b.put(b"pages", "").unwrap();
+    let ingest = b.begin_ingest("default+again").unwrap();
+    assert!(b.hold_blob(&ingest, &pages.digest));
+    let absent = oci::sha256_digest(b"state");
+    assert!(!b.hold_blob(&ingest, &absent), "checkpoint.img is fetched");
+    fs::write(ingest.part_path(&absent["sha256:".len()..]), b"state").unwrap();
+    b.gc(&[]).unwrap();
+    assert!(
+        !b.has_blob(&pages.digest),
+        "the gc took the blob's own name"
+    );
+    b.import(
+        ingest,
+        "default",
+        Default::default(),
+        &c.manifest_bytes,
+        &small,
+    )
+    .unwrap();
+    assert!(
+        b.has_blob(&pages.digest),
+        "the import adopted the held part"
+    );
+}
+
+#[test]
 fn a_committed_snapshot_is_blobs_a_manifest_and_a_ref() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(&tmp.path().join("store")).unwrap();
