@@ -51,15 +51,14 @@ fn checkpoint_started(c: &Containerd, id: &str) -> TestResult {
                     .starts_with(".runsc-checkpoint-")
             })
     };
-    for look in 0u64.. {
-        if logging() || (look % 25 == 0 && !runsc_with(id, "checkpoint").is_empty()) {
-            return Ok(());
-        }
+    let mut look = 0u64;
+    while !(logging() || (look.is_multiple_of(25) && !runsc_with(id, "checkpoint").is_empty())) {
         ensure!(
             Instant::now() < deadline,
             "no runsc checkpoint of {id} seen"
         );
         std::thread::sleep(Duration::from_millis(2));
+        look += 1;
     }
     Ok(())
 }
