@@ -153,6 +153,12 @@ pub const KIND_ANNOTATION: &str = "io.chalk.snapshot.kind";
 pub const SANDBOX_ANNOTATION: &str = "io.chalk.snapshot.sandbox";
 /// The containerd namespace of that sandbox. Written by the shim; read by `snapshot get`.
 pub const NAMESPACE_ANNOTATION: &str = "io.chalk.snapshot.namespace";
+/// The packed manifest a packed snapshot's memory took pieces from. Written by chalkctl's push
+/// (registries only); read by `snapshot get` and pulls.
+pub const PARENT_ANNOTATION: &str = "io.chalk.snapshot.parent";
+/// How many snapshots back a packed snapshot's pieces reach (0: it sent all of them).
+/// Written by chalkctl's push; read by `snapshot get`.
+pub const DEPTH_ANNOTATION: &str = "io.chalk.snapshot.depth";
 
 /// Every key above, for checks that they stay distinct and well-formed.
 pub const ALL: &[&str] = &[
@@ -194,6 +200,8 @@ pub const ALL: &[&str] = &[
     KIND_ANNOTATION,
     SANDBOX_ANNOTATION,
     NAMESPACE_ANNOTATION,
+    PARENT_ANNOTATION,
+    DEPTH_ANNOTATION,
 ];
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ pub fn hash_files(paths: &[PathBuf], threads: usize) -> Result<Vec<FileDigest>> 
 
 /// Runs `job(0..count)` on `threads` workers, each with a read buffer of its own; the first
 /// failure stops the others and is returned.
-fn in_parallel(
+pub(crate) fn in_parallel(
     threads: usize,
     count: usize,
     job: impl Fn(usize, &mut [u8]) -> Result<()> + Sync,
@@ -114,7 +114,7 @@ fn in_parallel(
     failure.into_inner().unwrap().map_or(Ok(()), Err)
 }
 
-fn workers(threads: usize, jobs: usize) -> usize {
+pub(crate) fn workers(threads: usize, jobs: usize) -> usize {
     match threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,

@@ -14,6 +14,8 @@
 //! <root>/fresh/<token>/           hard links to a checkpoint's files before it is sealed
 //!                                 (see [`fresh`]); <token>.lock held while it is sealed
 //! <root>/failed/<token>           why snapshot <token> could not be sealed
+//! <root>/catalog/<repository>/     what this host pushed to or pulled from a repository as
+//!                                 pieces (see [`catalog`]): not snapshots, never gc roots
 //! ```
 //!
 //! Guarantees: a ref is written only after all of its blobs are in place, so a snapshot never
@@ -21,6 +23,7 @@
 //! unreferenced blobs, which [`Store::gc`] removes; a blob is hashed when it enters the store
 //! and again only when its identity (inode, size, times, boot) changed since.
 
+mod catalog;
 mod fresh;
 mod gc;
 mod ingest;
@@ -40,6 +43,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use catalog::{CatalogEntry, KEEP as CATALOG_KEEP};
 pub use fresh::{Fresh, Seal, FRESH_MAX_AGE};
 pub use gc::GcReport;
 pub use ingest::{Commit, Committed, Ingest, Origin};

@@ -1,0 +1,166 @@
+//! What this host knows of the packed snapshots it pushed to, or pulled from, each repository:
+//! their memory index (which pieces the registry holds, in which packs) and the page digests
+//! of their memory, so the next push of a sandbox there sends only the pages that are new.
+//! Kept apart from the snapshots themselves: `suspend --to --release` drops the local copy, and
+//! the next suspend still needs to know what the registry has.
+//!
+//! ```text
+//! <root>/catalog/<repository key>/<id hex>.json    the entry (root-only)
+//! <root>/catalog/<repository key>/<id hex>.pages   the page digests of its memory
+//! ```
+//!
+//! The newest [`KEEP`] entries of a repository are kept; the page digests say what memory
+//! held (as the memory itself does), so they are root-only like it.
+
+use std::{fs, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{layout::make_private_dir, layout::write_atomic, Store};
+use crate::{
+    snapshot::memory::{MemoryIndex, PageTable},
+    snapshot::oci,
+    Error, Result,
+};
+
+/// Entries kept per repository: enough for a sandbox and a few forks pushed beside it.
+pub const KEEP: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogEntry {
+    /// The snapshot's id (its plain manifest's digest).
+    pub id: String,
+    /// The digest of its packed manifest in the repository.
+    pub packed: String,
+    pub sandbox_id: String,
+    /// Whom its pieces are encrypted for (a digest of the recipients; None: plain).
+    pub recipients: Option<String>,
+    /// When it was written (nanoseconds since the epoch): newest first.
+    pub saved: u128,
+    pub index: MemoryIndex,
+}
+
+impl Store {
+    fn catalog_dir(&self, repository: &str) -> PathBuf {
+        let clean: String = repository
+            .chars()
+            .take(100)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let hash = format!("{:x}", Sha256::digest(repository.as_bytes()));
+        self.root
+            .join("catalog")
+            .join(format!("{clean}-{}", &hash[..16]))
+    }
+
+    /// Records `entry` of `repository` (`registry/name`) with its page digests, and drops
+    /// the oldest past [`KEEP`].
+    pub fn catalog_save(
+        &self,
+        repository: &str,
+        entry: &CatalogEntry,
+        pages: &PageTable,
+    ) -> Result<()> {
+        let hex = oci::sha256_hex_of(&entry.id).ok_or_else(|| {
+            super::store_error(&self.root, format!("{:?} is not a digest", entry.id))
+        })?;
+        let dir = self.catalog_dir(repository);
+        make_private_dir(&dir)?;
+        write_atomic(&dir.join(format!("{hex}.pages")), &pages.to_bytes(), 0o600)?;
+        let json = serde_json::to_vec(entry).map_err(|e| Error::parse("catalog entry", e))?;
+        write_atomic(&dir.join(format!("{hex}.json")), &json, 0o600)?;
+        for old in self.catalog_entries(repository).iter().skip(KEEP) {
+            if let Some(hex) = oci::sha256_hex_of(&old.id) {
+                let _ = fs::remove_file(dir.join(format!("{hex}.json")));
+                let _ = fs::remove_file(dir.join(format!("{hex}.pages")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries of `repository`, newest first (an unreadable one is left out).
+    pub fn catalog_entries(&self, repository: &str) -> Vec<CatalogEntry> {
+        let Ok(list) = fs::read_dir(self.catalog_dir(repository)) else {
+            return Vec::new();
+        };
+        let mut out: Vec<CatalogEntry> = list
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<CatalogEntry>(&b).ok())
+            .filter(|e| e.index.check().is_ok())
+            .collect();
+        out.sort_by_key(|e| std::cmp::Reverse(e.saved));
+        out
+    }
+
+    /// The page digests recorded with snapshot `id` of `repository`.
+    pub fn catalog_pages(&self, repository: &str, id: &str) -> Result<PageTable> {
+        let hex = oci::sha256_hex_of(id)
+            .ok_or_else(|| super::store_error(&self.root, format!("{id:?} is not a digest")))?;
+        let path = self.catalog_dir(repository).join(format!("{hex}.pages"));
+        let bytes =
+            fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        PageTable::parse(&bytes)
+            .map_err(|e| super::store_error(&self.root, format!("{}: {e}", path.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8, saved: u128) -> CatalogEntry {
+        CatalogEntry {
+            id: format!("sha256:{}", format!("{n:02x}").repeat(32)),
+            packed: format!("sha256:{}", "ff".repeat(32)),
+            sandbox_id: "box".into(),
+            recipients: None,
+            saved,
+            index: MemoryIndex {
+                size: 0,
+                depth: 0,
+                packs: Vec::new(),
+                pieces: Vec::new(),
+                extents: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn entries_come_newest_first_and_the_oldest_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let pages = PageTable {
+            size: 4096,
+            pages: vec![[3; 32]],
+        };
+        for n in 0..(KEEP as u8 + 2) {
+            store
+                .catalog_save("reg:5000/a/b", &entry(n, n as u128), &pages)
+                .unwrap();
+        }
+        store
+            .catalog_save("reg:5000/other", &entry(50, 0), &pages)
+            .unwrap();
+        let got = store.catalog_entries("reg:5000/a/b");
+        assert_eq!(got.len(), KEEP);
+        assert_eq!(got[0], entry(KEEP as u8 + 1, KEEP as u128 + 1));
+        assert_eq!(
+            store.catalog_pages("reg:5000/a/b", &got[0].id).unwrap(),
+            pages
+        );
+        assert!(store
+            .catalog_pages("reg:5000/a/b", &entry(0, 0).id)
+            .is_err());
+        assert_eq!(store.catalog_entries("reg:5000/other").len(), 1);
+        assert!(store.catalog_entries("nowhere").is_empty());
+    }
+}
