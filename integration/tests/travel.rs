@@ -196,6 +196,17 @@ impl S3 {
     }
 }
 
+const PACKED: &str = "application/vnd.chalk.snapshot.packed.v1";
+
+/// The digest a push's reference pins.
+fn pinned(pushed: &Value) -> Result<String, Failed> {
+    pushed["reference"]
+        .as_str()
+        .and_then(|r| r.rsplit_once('@'))
+        .map(|(_, d)| d.to_string())
+        .ok_or_else(|| Failed::from(format!("no digest in the pushed reference: {pushed}")))
+}
+
 fn blob_key(digest: &str) -> String {
     let hex = digest.trim_start_matches("sha256:");
     format!("docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2])
@@ -234,11 +245,14 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
             &h.a,
             &["snapshot", "push", "--snapshot-id", &first, &first_ref],
         )?;
+        // Its memory goes as pieces: the pushed manifest is the packed form, whose first
+        // layer is the snapshot's own manifest (the id).
+        let packed = pinned(&pushed)?;
+        let packed_manifest = h.registry_manifest(&format!("travel/tr-src/manifests/{packed}"))?;
         ensure!(
             pushed["id"] == first.as_str()
-                && pushed["reference"]
-                    .as_str()
-                    .is_some_and(|r| r.ends_with(&format!("@{first}")))
+                && packed_manifest["artifactType"] == PACKED
+                && packed_manifest["layers"][0]["digest"] == first.as_str()
                 && pushed["transfer"]["bytes_moved"].as_u64() > Some(0)
                 && pushed["transfer"]["base_image_blobs_moved"].as_u64() > Some(0),
             "first push: {pushed}"
@@ -252,10 +266,9 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
             subject.replace(':', "-")
         ))?;
         ensure!(
-            referrers["manifests"]
-                .as_array()
-                .is_some_and(|l| l.iter().any(|d| d["digest"] == first.as_str()
-                    && d["artifactType"] == "application/vnd.chalk.snapshot.v1")),
+            referrers["manifests"].as_array().is_some_and(|l| l
+                .iter()
+                .any(|d| d["digest"] == packed.as_str() && d["artifactType"] == PACKED)),
             "the referrers tag of {subject}: {referrers}"
         );
 
@@ -278,10 +291,7 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
         );
         let listed = h.json(&h.a, &["get", "--id", id])?;
         ensure!(
-            listed["status"] == "suspended"
-                && listed["released_to"]
-                    .as_str()
-                    .is_some_and(|r| r.ends_with(&format!("@{suspended}"))),
+            listed["status"] == "suspended" && listed["released_to"] == out["pushed"]["reference"],
             "A's record: {listed}"
         );
 

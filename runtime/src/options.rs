@@ -19,6 +19,8 @@
 //! lazy_restore = true              # let restores run before all memory is loaded, where runsc can
 //! share_pages = true               # forks of one snapshot share its memory until they write, where runsc can
 //! max_pull_bytes = 68719476736     # the most a pull may bring (declared sizes, checked first)
+//! push_pieces = true               # push memory as pieces: only what the registry lacks, compressed
+//! max_chain_depth = 16             # a push past this many snapshots back sends all its pieces
 //! [restore_from]                   # pods annotated chalk.io/restore-from start from a snapshot
 //! enabled = false
 //! namespaces = ["agents"]          # the Kubernetes namespaces allowed ("*": any)
@@ -136,6 +138,19 @@ pub struct SnapshotOptions {
     /// the registry declares them), checked before anything is fetched.
     #[serde(default = "default_max_pull_bytes")]
     pub max_pull_bytes: u64,
+    /// Push a snapshot's memory as pieces (`snapshot::packed`): zero pages dropped, pieces
+    /// zstd-compressed, and only the pieces the repository lacks sent (off: the memory file
+    /// is pushed whole, as before; pulls read both forms either way).
+    #[serde(default = "yes")]
+    pub push_pieces: bool,
+    /// How many snapshots back a pushed snapshot's pieces may reach: a push past it sends
+    /// all of its pieces again, so a restore never gathers them from more packs than this.
+    #[serde(default = "default_max_chain_depth")]
+    pub max_chain_depth: u32,
+}
+
+fn default_max_chain_depth() -> u32 {
+    16
 }
 
 fn default_max_pull_bytes() -> u64 {
@@ -158,6 +173,8 @@ impl Default for SnapshotOptions {
             lazy_restore: true,
             share_pages: true,
             max_pull_bytes: default_max_pull_bytes(),
+            push_pieces: true,
+            max_chain_depth: default_max_chain_depth(),
         }
     }
 }

@@ -24,10 +24,12 @@ pub fn path() -> PathBuf {
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
-/// What one chalkctl run ended with: its exit status and what it wrote to stderr.
+/// What one chalkctl run ended with: its exit status, what it wrote to stderr, and what it
+/// printed (its result).
 pub struct Outcome {
     pub status: i32,
     pub said: String,
+    pub printed: String,
 }
 
 /// Where chalkctl reaches containerd, and what its environment adds.
@@ -49,6 +51,8 @@ pub fn run(
     timeout: Duration,
 ) -> std::io::Result<Outcome> {
     let log = std::fs::File::create(log_file)?;
+    let out_file = log_file.with_extension("out");
+    let out = std::fs::File::create(&out_file)?;
     let (address, namespace) = (to.address, to.namespace);
     let mut cmd = Command::new(path());
     cmd.envs(to.env.iter().copied())
@@ -56,7 +60,7 @@ pub fn run(
         .args(["--namespace", namespace])
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(out)
         .stderr(log);
     if let Some(max) = to.memory_max {
         crate::pull_cgroup::PullCgroup::prepare(Path::new(CGROUP_ROOT), max)
@@ -72,10 +76,13 @@ pub fn run(
         .spawn(&mut cmd)
         .and_then(|child| wait_for(child, timeout));
     let said = std::fs::read_to_string(log_file).unwrap_or_default();
+    let printed = std::fs::read_to_string(&out_file).unwrap_or_default();
     let _ = std::fs::remove_file(log_file);
+    let _ = std::fs::remove_file(&out_file);
     Ok(Outcome {
         status: status?,
         said: said.trim().to_string(),
+        printed: printed.trim().to_string(),
     })
 }
 

@@ -46,6 +46,15 @@ impl Recipients {
         Ok(Recipients(all))
     }
 
+    /// Who these are, as one digest (the same set in any order gives the same): what a
+    /// piece encrypted for them may be reused for.
+    pub fn fingerprint(&self) -> String {
+        let mut keys: Vec<String> = self.0.iter().map(|r| r.to_string()).collect();
+        keys.sort();
+        keys.dedup();
+        chalk_runtime::snapshot::oci::sha256_digest(keys.join("\n").as_bytes())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

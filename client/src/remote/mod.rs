@@ -10,6 +10,7 @@ pub mod hosts;
 mod image;
 pub mod lazy;
 pub mod moves;
+mod packed;
 pub mod prune;
 pub mod pull;
 pub mod push;

@@ -12,8 +12,10 @@
 use chalk_runtime::hostcheck::{self, Host};
 use chalk_runtime::snapshot::{
     manifest::ImageRef,
+    memory::{index, MemoryIndex},
     oci::{self, Descriptor, ImageManifest},
     owner::{self, Owner},
+    packed::Packed,
     sealed::Sealed,
     space,
     store::{Origin, Store},
@@ -23,7 +25,7 @@ use oci_client::RegistryOperation;
 
 use chalk_runtime::snapshot::pieces::{Pieces, LAZY_FILE};
 
-use super::{auth::Credentials, crypt, image, lazy, session, Access, Transfer};
+use super::{auth::Credentials, crypt, image, lazy, packed, session, Access, Transfer};
 use crate::{
     containerd::Client,
     progress::megabytes,
@@ -75,19 +77,30 @@ pub fn pull(
         ))
     };
     let fetched = ImageManifest::parse(&bytes).map_err(not_ours)?;
-    // An encrypted snapshot's first layer is its own manifest: its digest is the id.
+    // An encrypted or packed snapshot's first layer is its own manifest: its digest is the id.
     let sealed = Sealed::of(&fetched).map_err(not_ours)?;
-    let (keys, bytes, id) = match &sealed {
-        None => (None, bytes, pinned),
-        Some(sealed) => {
-            let keys = opts.encryption.identities.as_deref().ok_or_else(|| {
-                Error::from(format!(
-                    "{reference} is encrypted and this host has no key: set [encryption] \
-                     identities in the runtime options to a key file of one of its recipients \
-                     (chalkctl snapshot keygen makes one); nothing was fetched but its manifest"
-                ))
-            })?;
-            let keys = crypt::Keys::load(keys)?;
+    let packed = Packed::of(&fetched).map_err(not_ours)?;
+    let packed_digest = pinned.clone();
+    let (keys, bytes, id) = match (&sealed, &packed) {
+        (None, Some(p)) => {
+            let keys = match p.encrypted {
+                true => Some(load_keys(&opts, reference)?),
+                false => None,
+            };
+            s.login(&r, RegistryOperation::Pull)?;
+            let inner = s.blob(&r, &p.plain.digest, SMALL)?;
+            let inner = match &keys {
+                Some(keys) => crypt::decrypt_any(keys, &inner).map_err(|e| {
+                    Error::from(format!("{reference}: {e}; nothing else was fetched"))
+                })?,
+                None => inner,
+            };
+            let id = oci::sha256_digest(&inner);
+            (keys, bytes::Bytes::from(inner), id)
+        }
+        (None, None) => (None, bytes, pinned),
+        (Some(sealed), _) => {
+            let keys = load_keys(&opts, reference)?;
             s.login(&r, RegistryOperation::Pull)?;
             let inner = s.blob(&r, &sealed.inner.digest, SMALL)?;
             let inner = crypt::decrypt_any(&keys, &inner)
@@ -109,18 +122,24 @@ pub fn pull(
             });
         }
     }
-    let oci_manifest = match &sealed {
-        None => fetched,
-        Some(_) => ImageManifest::parse(&bytes).map_err(not_ours)?,
+    let oci_manifest = match (&sealed, &packed) {
+        (None, None) => fetched,
+        _ => ImageManifest::parse(&bytes).map_err(not_ours)?,
     };
     // Refuses any other artifact type.
     let layout = oci_manifest.layout().map_err(not_ours)?;
     // Each plain layer's encrypted blob, for an encrypted snapshot.
-    let encrypted: Vec<(&Descriptor, &Descriptor)> = match &sealed {
-        Some(sealed) => sealed
+    let encrypted: Vec<(&Descriptor, &Descriptor)> = match (&sealed, &packed) {
+        (Some(sealed), _) => sealed
             .bound(&oci_manifest)
             .map_err(|e| not_ours(format!("its encrypted layers: {e}")))?,
-        None => Vec::new(),
+        (None, Some(p)) => p
+            .bound(&oci_manifest)
+            .map_err(|e| not_ours(format!("its layers: {e}")))?
+            .into_iter()
+            .filter_map(|(plain, sent)| sent.filter(|_| p.encrypted).map(|s| (plain, s)))
+            .collect(),
+        (None, None) => Vec::new(),
     };
     let sealed_of = |d: &Descriptor| encrypted.iter().find(|(p, _)| *p == d).map(|(_, s)| *s);
     let small = |d: &Descriptor| -> Result<Vec<u8>> {
@@ -140,6 +159,22 @@ pub fn pull(
         ));
     }
     let host = check_host(client, &m, reference)?;
+    // A packed snapshot's memory: the index over its pieces, checked against its packs.
+    let memory_index = match &packed {
+        Some(p) => {
+            let raw = s.blob(&r, &p.index.digest, index::MAX_INDEX_BYTES as u64)?;
+            let raw = match &keys {
+                Some(keys) => crypt::decrypt_any(keys, &raw)?,
+                None => raw,
+            };
+            let memory = layout.files.iter().find(|d| d.title() == Some(LAZY_FILE));
+            let index = MemoryIndex::parse(&raw)
+                .and_then(|i| p.check_index(&i, memory.map_or(0, |d| d.size)).map(|_| i))
+                .map_err(|e| not_ours(format!("its memory index: {e}")))?;
+            Some(index)
+        }
+        None => None,
+    };
     let spec = small(&layout.spec)?;
     let config = s.blob(&r, &oci_manifest.config.digest, SMALL)?;
     // What would arrive, as the registry declares it (an encrypted blob as sent).
@@ -211,6 +246,8 @@ pub fn pull(
     let token = Store::token(client.namespace(), &snapshot.name);
     // The blob left to its server, if one was: its hex and title.
     let mut arriving: Option<(String, String)> = None;
+    // The page digests of a memory file put together from pieces, for the next push.
+    let mut fetched_pages = None;
     let stored = (|| {
         let ingest = store
             .begin_ingest(&token)
@@ -223,7 +260,7 @@ pub fn pull(
             let memory = layout.files.iter().find(|d| d.title() == Some(LAZY_FILE));
             let why = match memory {
                 Some(d) if store.has_blob(&d.digest) => return None,
-                Some(_) if sealed.is_some() => Some(
+                Some(_) if sealed.is_some() || keys.is_some() => Some(
                     "it is encrypted (its memory is decrypted whole before the sandbox runs)"
                         .to_string(),
                 ),
@@ -259,6 +296,7 @@ pub fn pull(
                             size: 0,
                             sha256: Vec::new(),
                         }),
+                        index: memory_index.clone(),
                         hosts_dir: access.hosts_dir.clone(),
                         plain_http: access.plain_http,
                         endpoint: s.endpoint.host.clone(),
@@ -293,6 +331,19 @@ pub fn pull(
                 }
             }
             let part = ingest.part_path(hex);
+            if let Some(index) = memory_index.as_ref().filter(|_| title == LAZY_FILE) {
+                let pages = progress.during(
+                    &format!(
+                        "fetching {title} as pieces ({} of {})",
+                        megabytes(index.stored_bytes()),
+                        megabytes(d.size)
+                    ),
+                    || packed::fetch::fetch(&s, &r, index, keys.as_ref(), &d.digest, &part),
+                )?;
+                t.moved(index.stored_bytes());
+                fetched_pages = Some(pages);
+                continue;
+            }
             match (sealed_of(d), &keys) {
                 (Some(e), Some(keys)) => {
                     // Decrypted as it arrives: the encrypted bytes never reach the disk.
@@ -326,6 +377,10 @@ pub fn pull(
         let (_, stored) = store
             .import(ingest, client.namespace(), origin, &bytes, &small)
             .map_err(|e| Error::from(e.to_string()))?;
+        if let (Some(index), Some(p)) = (&memory_index, &packed) {
+            let pages = fetched_pages.take();
+            packed::push::remember_pulled(&store, &r, p, &packed_digest, &stored, index, pages);
+        }
         let index = snapshots::record_index(client, &stored, &snapshotter)?;
         snapshot.status = Status::Completed;
         snapshot.digest = id.clone();
@@ -359,6 +414,21 @@ pub fn pull(
         snapshot,
         transfer: t,
     })
+}
+
+/// The keys that open encrypted snapshots here, or why there are none.
+fn load_keys(
+    opts: &chalk_runtime::options::RuntimeOptions,
+    reference: &str,
+) -> Result<crypt::Keys> {
+    let keys = opts.encryption.identities.as_deref().ok_or_else(|| {
+        Error::from(format!(
+            "{reference} is encrypted and this host has no key: set [encryption] identities in \
+             the runtime options to a key file of one of its recipients (chalkctl snapshot \
+             keygen makes one); nothing was fetched but its manifest"
+        ))
+    })?;
+    crypt::Keys::load(keys)
 }
 
 /// The manifest's piece digests of the memory file.

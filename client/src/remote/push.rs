@@ -1,19 +1,19 @@
 //! `chalkctl snapshot push`: a completed snapshot from the store to a registry, with its base
-//! image when the repository lacks it; blobs the registry already has are not sent again (a
-//! second snapshot of the same sandbox sends what changed). With recipients, every blob but
+//! image when the repository lacks it; blobs the registry already has are not sent again, and
+//! a memory file goes as pieces (`packed`): only those the repository lacks, compressed. With recipients, every blob but
 //! the empty config is encrypted on this host first (`sealed`), so nothing of the memory
 //! reaches the registry readable; with a key, the pushed manifest is signed as cosign signs.
 
 use chalk_runtime::snapshot::{
     manifest::ImageRef,
     oci::{self, ImageManifest},
-    sealed,
+    packed as packed_form, sealed,
     store::{Store, Stored as StoredSnapshot},
 };
 use oci_client::{Reference, RegistryOperation};
 use serde_json::{json, Value};
 
-use super::{crypt, hosts::Use, image, session, sign::SigningKey, Access, Transfer};
+use super::{crypt, hosts::Use, image, packed, session, sign::SigningKey, Access, Transfer};
 use crate::{
     containerd::Client, progress::megabytes, progress::Progress, records::registry::Status,
     records::snapshots, Error, Result,
@@ -93,12 +93,31 @@ pub fn push(
         image::push(client, s, &r, source.as_ref(), &base, &mut t, progress)?;
     }
 
-    let (manifest, digest, artifact) = match &recipients {
-        None => {
+    let options = client.options()?.snapshot;
+    let pieces = match options.push_pieces {
+        true => packed::push::push(
+            s,
+            &r,
+            &store,
+            &stored,
+            recipients.as_ref(),
+            options.max_chain_depth,
+            &mut t,
+            progress,
+        )?,
+        false => None,
+    };
+    let (manifest, digest, artifact) = match (&pieces, &recipients) {
+        (Some(ready), _) => (
+            ready.manifest.clone(),
+            ready.digest.clone(),
+            packed_form::ARTIFACT,
+        ),
+        (None, None) => {
             push_plain(s, &r, &store, &stored, &mut t, progress)?;
             (stored.manifest_bytes.clone(), id.clone(), oci::ARTIFACT)
         }
-        Some(to) => {
+        (None, Some(to)) => {
             let m = push_sealed(s, &r, &store, &stored, to, &mut t, progress)?;
             let bytes = m.to_bytes();
             let digest = oci::sha256_digest(&bytes);
@@ -107,6 +126,9 @@ pub fn push(
     };
     let size = manifest.len();
     s.push_manifest(&r, manifest, oci::MANIFEST)?;
+    if let Some(ready) = pieces {
+        ready.remember(&store, progress);
+    }
     if let Some(subject) = &stored.layout.subject {
         add_referrer(s, &r, &subject.digest, &digest, size, artifact)?;
     }

@@ -224,6 +224,8 @@ fn ended_with_reason(
     Ok(said)
 }
 
+const PACK: &str = "application/vnd.chalk.memory.pack.v1";
+
 /// A piece of pages.img changed in the registry: the fork reading it as it arrives ends,
 /// with the reason, and nothing of the pull stays.
 pub fn a_tampered_piece_ends_a_lazy_restore_with_the_reason(h: &Hosts) -> TestResult {
@@ -234,18 +236,30 @@ pub fn a_tampered_piece_ends_a_lazy_restore_with_the_reason(h: &Hosts) -> TestRe
         let snap = h.a.snapshot_of(id)?;
         on_a.push(snap.clone());
         let reference = h.reference("lazy/tamper:1");
-        h.json(
+        let pushed = h.json(
             &h.a,
             &["snapshot", "push", "--snapshot-id", &snap, &reference],
         )?;
         let digest = pages_digest(&h.a, &snap)?;
-        let bytes = h.registry_blob(&digest)?;
+        // The memory went as pieces: a byte of its pack changed.
+        let packed = pushed["reference"]
+            .as_str()
+            .and_then(|r| r.rsplit_once('@'));
+        let packed = packed.ok_or("no digest in the pushed reference")?.1;
+        let m = h.registry_manifest(&format!("lazy/tamper/manifests/{packed}"))?;
+        let pack = m["layers"]
+            .as_array()
+            .and_then(|l| l.iter().find(|l| l["mediaType"] == PACK))
+            .and_then(|l| l["digest"].as_str())
+            .ok_or_else(|| format!("no pack in {m}"))?
+            .to_string();
+        let bytes = h.registry_blob(&pack)?;
         let mut bent = bytes.clone();
         bent[bytes.len() * 3 / 4] ^= 1;
-        h.set_registry_blob(&digest, &bent)?;
+        h.set_registry_blob(&pack, &bent)?;
         let out = h.chalkctl(&h.b, &["fork", "--snapshot", &reference, "--fork-id", fork]);
-        let ended = ended_with_reason(&h.b, fork, &out, "do not match their digest", &digest, id);
-        h.set_registry_blob(&digest, &bytes)?;
+        let ended = ended_with_reason(&h.b, fork, &out, "changed or damaged", &digest, id);
+        h.set_registry_blob(&pack, &bytes)?;
         let said = ended?;
         testkit::note(format!("a tampered piece: {}", said.trim()));
         Ok(())

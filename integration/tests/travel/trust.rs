@@ -48,10 +48,14 @@ pub fn set_up(dir: &Path, options: &Path, scope: &str) -> Result<Keys, String> {
     })
 }
 
-/// Whether any file under `dir` holds `marker`.
+/// Whether any file under `dir` holds `marker`, as it is or once decompressed (memory is
+/// pushed as zstd frames).
 fn storage_holds(dir: &Path, marker: &[u8]) -> bool {
+    let has = |bytes: &[u8]| bytes.windows(marker.len()).any(|w| w == marker);
     walk(dir).iter().any(|f| {
-        std::fs::read(f).is_ok_and(|bytes| bytes.windows(marker.len()).any(|w| w == marker))
+        std::fs::read(f).is_ok_and(|bytes| {
+            has(&bytes) || zstd::decode_all(&bytes[..]).is_ok_and(|plain| has(&plain))
+        })
     })
 }
 
@@ -209,19 +213,20 @@ pub fn a_trust_policy_lets_in_only_what_its_key_signed(h: &Hosts) -> TestResult 
         let wrong = push(&s1, "trust/wrong:v1", Some(&other))?;
         let changed = push(&s1, "trust/changed:v1", Some(&trusted))?;
         let swapped = push(&s2, "trust/swap:v2", None)?;
-        push(&s1, "trust/swap:v1", Some(&trusted))?;
+        let swap_signed = push(&s1, "trust/swap:v1", Some(&trusted))?;
         // The signature's bytes changed in the registry; one moved onto another manifest.
-        let sig_path = |repo: &str, digest: &str| {
+        // Signatures are of the pushed manifest (a snapshot's packed form, not its id).
+        let sig_path = |repo: &str, pushed: &str| {
             format!(
                 "{repo}/manifests/sha256-{}.sig",
-                digest.trim_start_matches("sha256:")
+                pushed.rsplit("@sha256:").next().unwrap_or_default()
             )
         };
-        let mut sig = h.registry_manifest(&sig_path("trust/changed", &s1))?;
+        let mut sig = h.registry_manifest(&sig_path("trust/changed", &changed))?;
         sealing::tamper_signature(&mut sig);
-        h.registry_put_manifest(&sig_path("trust/changed", &s1), &sig)?;
-        let moved = h.registry_manifest(&sig_path("trust/swap", &s1))?;
-        h.registry_put_manifest(&sig_path("trust/swap", &s2), &moved)?;
+        h.registry_put_manifest(&sig_path("trust/changed", &changed), &sig)?;
+        let moved = h.registry_manifest(&sig_path("trust/swap", &swap_signed))?;
+        h.registry_put_manifest(&sig_path("trust/swap", &swapped), &moved)?;
 
         for (reference, why) in [
             (&unsigned, "it has no signature"),

@@ -74,7 +74,7 @@ impl Sandboxes {
             ))
         };
         let grant = policy::decide(&opts.restore_from, key, pod, &source).map_err(refused)?;
-        let id = source.id().to_string();
+        let mut id = source.id().to_string();
         let store = chalk_runtime::snapshot::store::Store::open(&opts.snapshot.store)?;
         match &source {
             RestoreSource::Local { .. } => {
@@ -96,8 +96,11 @@ impl Sandboxes {
             }
             // Pulled every time: the trust policy and the registry's access control decide
             // even when the node has the blobs already (it then fetches only the manifests).
+            // A registry's digest may name the snapshot's packed or encrypted form: the id is
+            // what the pull says it stored.
             RestoreSource::Remote { reference, .. } => {
-                self.pull_for_pod(&format!("{reference}@{id}"), namespace, opts, to.id, bundle)
+                id = self
+                    .pull_for_pod(&format!("{reference}@{id}"), namespace, opts, to.id, bundle)
                     .map_err(|e| {
                         ShimError::FailedPrecondition(format!(
                             "pod {namespace}/{name}: snapshot {reference}@{id} \
@@ -206,7 +209,8 @@ impl Sandboxes {
     /// Pulls snapshot `reference` (pinned by digest) into this node's store through chalkctl,
     /// with the node's registry configuration (`[restore_from] hosts_dir`). chalkctl checks
     /// this host against the snapshot's manifest before it fetches any memory, checks every
-    /// blob by digest, and makes no record of a pull that fails.
+    /// blob by digest, and makes no record of a pull that fails. The id of the snapshot it
+    /// stored.
     fn pull_for_pod(
         &self,
         reference: &str,
@@ -214,7 +218,7 @@ impl Sandboxes {
         opts: &RuntimeOptions,
         id: &str,
         bundle: &std::path::Path,
-    ) -> Result<(), String> {
+    ) -> Result<String, String> {
         let hosts_dir = opts.restore_from.hosts_dir.to_string_lossy().to_string();
         // chalkctl pulls into the store these options name (they may have come inline, from
         // CRI): it reads them from the bundle.
@@ -283,7 +287,13 @@ impl Sandboxes {
             started.elapsed(),
             done.said.lines().collect::<Vec<_>>().join("; ")
         );
-        Ok(())
+        let stored = done.printed.lines().next().unwrap_or_default();
+        if chalk_runtime::snapshot::oci::sha256_hex_of(stored).is_none() {
+            return Err(format!(
+                "chalkctl snapshot pull printed {stored:?}, not the id of what it stored"
+            ));
+        }
+        Ok(stored.to_string())
     }
 }
 

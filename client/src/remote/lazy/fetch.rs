@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::super::session::Session;
 use super::arrivals::Arrivals;
+use super::from_pieces::{FromPieces, Trouble};
 
 /// Pieces the in-order fetch asks for at once (16 MiB at 1 MiB pieces).
 const RUN: u64 = 16;
@@ -39,6 +40,8 @@ pub struct Fetch {
     pub data: Arc<File>,
     /// The whole file's sha256 so far, and the piece it goes on from.
     pub whole: Mutex<(u64, Sha256)>,
+    /// Where the file's bytes come from when its snapshot was pushed as pieces.
+    pub from_pieces: Option<FromPieces>,
 }
 
 /// Why a range was not fetched: worth another try, or never.
@@ -96,6 +99,9 @@ impl Fetch {
 
     /// One ranged fetch of pieces `run`, each checked and written as it completes.
     fn fetch(&self, run: Range<u64>) -> Result<(), Failed> {
+        if let Some(source) = &self.from_pieces {
+            return self.fetch_from_pieces(source, run);
+        }
         let (offset, _) = self.pieces.range(run.start, self.size);
         let (last_offset, last_len) = self.pieces.range(run.end - 1, self.size);
         let len = last_offset + last_len - offset;
@@ -151,6 +157,35 @@ impl Fetch {
                 }
             }
         }
+    }
+
+    /// Windows `run` put together from the snapshot's pieces, each written and counted.
+    fn fetch_from_pieces(&self, source: &FromPieces, run: Range<u64>) -> Result<(), Failed> {
+        let made = source.windows(
+            &self.session,
+            &self.reference,
+            &self.pieces,
+            self.size,
+            run.clone(),
+        );
+        let windows = match made {
+            Ok(w) => w,
+            Err(trouble) => {
+                self.arrivals.give_back(run);
+                return Err(match trouble {
+                    Trouble::Again(why) => Failed::Again(why),
+                    Trouble::Never(why) => Failed::Never(why),
+                });
+            }
+        };
+        for (w, at, bytes) in windows {
+            if let Err(e) = self.data.write_all_at(&bytes, at) {
+                self.arrivals.give_back(w..run.end);
+                return Err(Failed::Never(format!("write the blob: {e}")));
+            }
+            self.arrivals.arrived(w);
+        }
+        Ok(())
     }
 
     /// Hashes the pieces from the next one on that are here.

@@ -13,6 +13,7 @@
 
 mod arrivals;
 mod fetch;
+mod from_pieces;
 mod fuse;
 pub mod serve;
 
@@ -39,6 +40,10 @@ pub struct Job {
     pub digest: String,
     pub size: u64,
     pub pieces: Pieces,
+    /// The index over the file's pieces, for a snapshot pushed as pieces (else the file is
+    /// fetched by range from blob `digest`).
+    #[serde(default)]
+    pub index: Option<chalk_runtime::snapshot::memory::MemoryIndex>,
     pub hosts_dir: PathBuf,
     pub plain_http: bool,
     /// The endpoint (host[:port]) the pull fetched from.

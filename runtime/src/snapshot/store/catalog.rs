@@ -39,6 +39,8 @@ pub struct CatalogEntry {
     /// When it was written (nanoseconds since the epoch): newest first.
     pub saved: u128,
     pub index: MemoryIndex,
+    /// The size of each of the index's packs, in its order.
+    pub pack_sizes: Vec<u64>,
 }
 
 impl Store {
@@ -66,14 +68,16 @@ impl Store {
         &self,
         repository: &str,
         entry: &CatalogEntry,
-        pages: &PageTable,
+        pages: Option<&PageTable>,
     ) -> Result<()> {
         let hex = oci::sha256_hex_of(&entry.id).ok_or_else(|| {
             super::store_error(&self.root, format!("{:?} is not a digest", entry.id))
         })?;
         let dir = self.catalog_dir(repository);
         make_private_dir(&dir)?;
-        write_atomic(&dir.join(format!("{hex}.pages")), &pages.to_bytes(), 0o600)?;
+        if let Some(pages) = pages {
+            write_atomic(&dir.join(format!("{hex}.pages")), &pages.to_bytes(), 0o600)?;
+        }
         let json = serde_json::to_vec(entry).map_err(|e| Error::parse("catalog entry", e))?;
         write_atomic(&dir.join(format!("{hex}.json")), &json, 0o600)?;
         for old in self.catalog_entries(repository).iter().skip(KEEP) {
@@ -95,10 +99,21 @@ impl Store {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
             .filter_map(|e| fs::read(e.path()).ok())
             .filter_map(|b| serde_json::from_slice::<CatalogEntry>(&b).ok())
-            .filter(|e| e.index.check().is_ok())
+            .filter(|e| e.index.check().is_ok() && e.pack_sizes.len() == e.index.packs.len())
             .collect();
         out.sort_by_key(|e| std::cmp::Reverse(e.saved));
         out
+    }
+
+    /// Records the page digests of snapshot `id` of `repository`, found after its entry.
+    pub fn catalog_pages_save(&self, repository: &str, id: &str, pages: &PageTable) -> Result<()> {
+        let hex = oci::sha256_hex_of(id)
+            .ok_or_else(|| super::store_error(&self.root, format!("{id:?} is not a digest")))?;
+        write_atomic(
+            &self.catalog_dir(repository).join(format!("{hex}.pages")),
+            &pages.to_bytes(),
+            0o600,
+        )
     }
 
     /// The page digests recorded with snapshot `id` of `repository`.
@@ -131,6 +146,7 @@ mod tests {
                 pieces: Vec::new(),
                 extents: Vec::new(),
             },
+            pack_sizes: Vec::new(),
         }
     }
 
@@ -144,11 +160,11 @@ mod tests {
         };
         for n in 0..(KEEP as u8 + 2) {
             store
-                .catalog_save("reg:5000/a/b", &entry(n, n as u128), &pages)
+                .catalog_save("reg:5000/a/b", &entry(n, n as u128), Some(&pages))
                 .unwrap();
         }
         store
-            .catalog_save("reg:5000/other", &entry(50, 0), &pages)
+            .catalog_save("reg:5000/other", &entry(50, 0), None)
             .unwrap();
         let got = store.catalog_entries("reg:5000/a/b");
         assert_eq!(got.len(), KEEP);
@@ -161,6 +177,18 @@ mod tests {
             .catalog_pages("reg:5000/a/b", &entry(0, 0).id)
             .is_err());
         assert_eq!(store.catalog_entries("reg:5000/other").len(), 1);
+        assert!(store
+            .catalog_pages("reg:5000/other", &entry(50, 0).id)
+            .is_err());
+        store
+            .catalog_pages_save("reg:5000/other", &entry(50, 0).id, &pages)
+            .unwrap();
+        assert_eq!(
+            store
+                .catalog_pages("reg:5000/other", &entry(50, 0).id)
+                .unwrap(),
+            pages
+        );
         assert!(store.catalog_entries("nowhere").is_empty());
     }
 }
