@@ -1,11 +1,14 @@
 /* memfill: holds MB megabytes of process memory (heap) with a known pattern, for the
- * bench and tests of shared-memory forks. Static, no dependencies.
+ * bench and tests of shared-memory forks and incremental snapshots. Static, no dependencies.
  *
- *   memfill MB     fill, write /tmp/ready, then wait for signals:
- *     SIGUSR1      check every page against the current pattern; write /tmp/verified
+ *   memfill MB [CHANGE_MB [TOUCH_MB]]
+ *                  allocate MB, fill the first TOUCH_MB (all of it by default; the rest is
+ *                  never touched), write /tmp/ready, then wait for signals:
+ *     SIGUSR1      check every filled page against its pattern; write /tmp/verified
  *                  ("ok GEN" or "bad PAGE GEN")
- *     SIGUSR2      rewrite every page with the next pattern; write /tmp/rewritten
- *                  ("GEN MS": the generation and how long the rewrite took)
+ *     SIGUSR2      rewrite the first CHANGE_MB (all filled pages by default) with the next
+ *                  generation's pattern; write /tmp/rewritten ("GEN MS": the generation and
+ *                  how long the rewrite took). Pages past it keep generation 0's.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -19,7 +22,7 @@
 
 static volatile sig_atomic_t want_verify, want_rewrite;
 static uint64_t *mem;
-static size_t pages;
+static size_t pages, changed;
 static uint64_t generation;
 
 static void on_usr1(int sig) { (void)sig; want_verify = 1; }
@@ -33,8 +36,11 @@ static uint64_t word(size_t page, size_t i, uint64_t gen) {
     return x * 0x94D049BB133111EBull;
 }
 
-static void fill(uint64_t gen) {
-    for (size_t p = 0; p < pages; p++)
+/* The generation page p holds now. */
+static uint64_t gen_of(size_t p) { return p < changed ? generation : 0; }
+
+static void fill(size_t upto, uint64_t gen) {
+    for (size_t p = 0; p < upto; p++)
         for (size_t i = 0; i < PAGE / 8; i++)
             mem[p * (PAGE / 8) + i] = word(p, i, gen);
 }
@@ -56,17 +62,21 @@ static double now_ms(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2 || atol(argv[1]) <= 0) {
-        fprintf(stderr, "usage: memfill MB\n");
+    if (argc < 2 || argc > 4 || atol(argv[1]) <= 0) {
+        fprintf(stderr, "usage: memfill MB [CHANGE_MB [TOUCH_MB]]\n");
         return 2;
     }
-    pages = (size_t)atol(argv[1]) * (1 << 20) / PAGE;
-    mem = aligned_alloc(PAGE, pages * PAGE);
+    size_t all = (size_t)atol(argv[1]) * (1 << 20) / PAGE;
+    pages = argc > 3 ? (size_t)atol(argv[3]) * (1 << 20) / PAGE : all;
+    changed = argc > 2 ? (size_t)atol(argv[2]) * (1 << 20) / PAGE : pages;
+    if (pages > all) pages = all;
+    if (changed > pages) changed = pages;
+    mem = aligned_alloc(PAGE, all * PAGE);
     if (!mem) {
         perror("memfill: aligned_alloc");
         return 1;
     }
-    fill(generation);
+    fill(pages, generation);
     /* The signals stay blocked but while waiting, so that none is lost between a check of
      * the flags and the wait. */
     sigset_t mine, waiting;
@@ -86,7 +96,7 @@ int main(int argc, char **argv) {
             size_t bad = pages;
             for (size_t p = 0; p < pages && bad == pages; p++)
                 for (size_t i = 0; i < PAGE / 8; i++)
-                    if (mem[p * (PAGE / 8) + i] != word(p, i, generation)) {
+                    if (mem[p * (PAGE / 8) + i] != word(p, i, gen_of(p))) {
                         bad = p;
                         break;
                     }
@@ -99,7 +109,7 @@ int main(int argc, char **argv) {
         if (want_rewrite) {
             want_rewrite = 0;
             double start = now_ms();
-            fill(++generation);
+            fill(changed, ++generation);
             snprintf(line, sizeof line, "%llu %.0f\n", (unsigned long long)generation, now_ms() - start);
             put("/tmp/rewritten", line);
         }

@@ -260,6 +260,63 @@ impl Secured {
         Ok(())
     }
 
+    /// Runs Distribution's garbage collection over the storage (stopped meanwhile, as it
+    /// asks): blobs no manifest refers to are deleted.
+    pub fn collect_garbage(&mut self) -> Result<String, String> {
+        self.stop();
+        let config = self
+            .dir
+            .join(format!("registry-{}.yml", self.addr.replace(':', "_")));
+        let out = Command::new(&self.binary)
+            .arg("garbage-collect")
+            .arg(&config)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .map_err(|e| format!("registry garbage-collect: {e}"))?;
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        self.serve_again()?;
+        if !out.status.success() {
+            return Err(format!(
+                "registry garbage-collect: {}: {said}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(said)
+    }
+
+    /// Deletes manifest `digest` of `repo` (the registry must allow deletes).
+    pub fn delete_manifest(&self, repo: &str, digest: &str) -> Result<(), String> {
+        let url = format!("https://{}/v2/{repo}/manifests/{digest}", self.addr);
+        let out = Command::new("curl")
+            .args(["-sf", "-X", "DELETE", "--cacert"])
+            .arg(self.dir.join("ca.crt"))
+            .args(["-u", &format!("{USER}:{PASSWORD}"), &url])
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("DELETE {url}: {}", out.status));
+        }
+        Ok(())
+    }
+
+    /// Bytes of the blobs in filesystem storage.
+    pub fn stored_bytes(&self) -> u64 {
+        fn walk(dir: &Path) -> u64 {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => walk(&e.path()),
+                    Ok(_) => e.metadata().map_or(0, |m| m.len()),
+                    Err(_) => 0,
+                })
+                .sum()
+        }
+        walk(&self.blobs().join("docker/registry/v2/blobs"))
+    }
+
     /// Where filesystem storage keeps the blobs.
     pub fn blobs(&self) -> PathBuf {
         self.dir.join("registry")
@@ -285,6 +342,17 @@ impl Secured {
             .as_array()?
             .iter()
             .max_by_key(|l| l["size"].as_u64().unwrap_or(0))?;
+        self.blob_file(layer["digest"].as_str()?)
+    }
+
+    /// The file of the layer titled `title` of manifest `digest` as pushed here.
+    pub fn layer_titled(&self, digest: &str, title: &str) -> Option<PathBuf> {
+        let manifest = std::fs::read(self.blob_file(digest)?).ok()?;
+        let m: serde_json::Value = serde_json::from_slice(&manifest).ok()?;
+        let layer = m["layers"]
+            .as_array()?
+            .iter()
+            .find(|l| l["annotations"]["org.opencontainers.image.title"] == title)?;
         self.blob_file(layer["digest"].as_str()?)
     }
 

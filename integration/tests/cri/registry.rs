@@ -41,13 +41,20 @@ pub fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> Test
     );
     ensure!(pushed.code == 0, "push: {pushed:?}");
     e.stop_and_remove(&source)?;
-    // The snapshot's memory: its largest layer, as the registry holds it.
-    let memory = registry
-        .largest_layer(&snapshot)
-        .ok_or("the registry holds no layer of the snapshot")?;
+    // The digest the push pins (its memory went as pieces: the packed form's, not the id).
+    let digest = pushed
+        .stdout
+        .trim()
+        .rsplit_once('@')
+        .map(|(_, d)| d.to_string())
+        .ok_or_else(|| format!("no digest in what the push printed: {pushed:?}"))?;
+    // The sandbox's kernel state, as the registry holds it (fetched whole by any pull).
+    let state = registry
+        .layer_titled(&digest, "checkpoint.img")
+        .ok_or("the registry holds no checkpoint.img of the snapshot")?;
     let deleted = e.chalkctl(&["snapshot", "delete", "--snapshot-id", &snapshot]);
     ensure!(deleted.code == 0, "delete: {deleted:?}");
-    let pinned = format!("{}/pods/default/pushed@{snapshot}", registry.addr);
+    let pinned = format!("{}/pods/default/pushed@{digest}", registry.addr);
 
     let started = Instant::now();
     let pod = e.cri.run_pod_with(
@@ -95,17 +102,17 @@ pub fn a_pod_starts_from_a_registry_snapshot_this_node_lacks(e: &CriEnv) -> Test
         "delete of the pulled snapshot: {deleted:?}"
     );
 
-    // A digest the registry does not hold, then the snapshot's memory altered in the
+    // A digest the registry does not hold, then the snapshot's state altered in the
     // registry's storage.
     let absent = format!(
         "{}/pods/default/pushed@sha256:{}",
         registry.addr,
         "1".repeat(64)
     );
-    let mut bytes = std::fs::read(&memory).map_err(|err| err.to_string())?;
+    let mut bytes = std::fs::read(&state).map_err(|err| err.to_string())?;
     let at = bytes.len() / 2;
     bytes[at] ^= 0xff;
-    std::fs::write(&memory, bytes).map_err(|err| err.to_string())?;
+    std::fs::write(&state, bytes).map_err(|err| err.to_string())?;
     for (name, value) in [("from-absent", &absent), ("from-tampered", &pinned)] {
         let got = e.cri.run_pod_with(
             name,

@@ -161,6 +161,8 @@ pub fn a_namespace_never_restores_anothers_snapshot(e: &CriEnv) -> TestResult {
         ],
     );
     ensure!(golden.code == 0, "push to golden: {golden:?}");
+    // What the push pins: its packed form's digest, not the snapshot's id.
+    let golden_ref = golden.stdout.trim().replace(":v1@", "@");
     chalk_integration::sealing::add_options(
         &e.c.dir().join("chalk.toml"),
         &format!(
@@ -172,7 +174,7 @@ pub fn a_namespace_never_restores_anothers_snapshot(e: &CriEnv) -> TestResult {
         CRI_HANDLER,
         false,
         TENANT_B,
-        &[(RESTORE_FROM, &format!("{addr}/golden/base@{snapshot}"))],
+        &[(RESTORE_FROM, &golden_ref)],
     )?;
     let vault = e
         .cri

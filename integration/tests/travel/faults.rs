@@ -11,10 +11,15 @@ pub(crate) struct Own {
 
 impl Own {
     pub(crate) fn start() -> Result<Own, Failed> {
+        Self::start_with(&[])
+    }
+
+    /// With `env` in the registry's environment (its configuration's overrides).
+    pub(crate) fn start_with(env: &[(&str, &str)]) -> Result<Own, Failed> {
         let bin = std::env::var_os("CHALK_REGISTRY")
             .filter(|v| !v.is_empty())
             .ok_or("CHALK_REGISTRY names no registry binary")?;
-        let registry = chalk_integration::registry::Secured::start(Path::new(&bin), None, &[])?;
+        let registry = chalk_integration::registry::Secured::start(Path::new(&bin), None, env)?;
         Ok(Own { registry })
     }
 

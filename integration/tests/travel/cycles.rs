@@ -1,0 +1,264 @@
+//! Snapshots that cost what changed: a sandbox holding a known pattern (memfill) suspended to
+//! a registry of its own and resumed twenty times, its memory checked page by page after every
+//! resume, first on one host, then moving between two. Every push after the first sends little
+//! more than what the sandbox rewrote; the chain is cut at its depth; the registry grows by
+//! what changed; and once the older snapshots' manifests are deleted and the registry collects
+//! its garbage, the newest still restores: nothing it needs was freed.
+
+use std::time::Duration;
+
+use chalk_integration::memfill::{self, MEMFILL_IMAGE};
+
+use super::*;
+
+const MB: u64 = 64;
+/// What the sandbox rewrites between suspends.
+const CHANGE_MB: u64 = 4;
+const CYCLES: usize = 20;
+/// Cycles on one host before the sandbox moves between the two at every cycle.
+const LOCAL: usize = 10;
+/// The chain's cut for this case (the default is longer than the cycles).
+const DEPTH: u32 = 8;
+const REPO: &str = "cycles/mf";
+
+fn exec(host: &Env, id: &str, script: &str) -> Result<String, Failed> {
+    let out = host.chalkctl(&["exec", "--id", id, "--", "sh", "-c", script]);
+    ensure!(out.code == 0, "exec in {id}: {script}: {out:?}");
+    Ok(out.stdout.trim().to_string())
+}
+
+/// Sends memfill in `id` `signal` and waits for it to write `path`.
+fn ask(host: &Env, id: &str, signal: &str, path: &str) -> Result<String, Failed> {
+    exec(host, id, &format!("rm -f {path}; kill -{signal} 1"))?;
+    wait_file(host, id, path)
+}
+
+/// What `path` in `id` holds once it is written (within 120 s).
+fn wait_file(host: &Env, id: &str, path: &str) -> Result<String, Failed> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = exec(host, id, &format!("cat {path} 2>/dev/null || true"))?;
+        if !got.is_empty() {
+            return Ok(got);
+        }
+        ensure!(Instant::now() < deadline, "{id}: no {path} after 120 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// chalkctl on `host` against `own`'s registry, its options' chain cut at [`DEPTH`].
+fn json(own: &Own, host: &Env, options: &Path, args: &[&str]) -> Result<Value, Failed> {
+    let mut argv = host.c.chalkctl_argv()?;
+    let at = argv
+        .iter()
+        .position(|a| a == "--config")
+        .ok_or("no --config")?
+        + 1;
+    argv[at] = options.display().to_string();
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).args(["--output", "json"]).args(args);
+    let out: CtrOutput = own
+        .registry
+        .client(&mut cmd)
+        .output()
+        .map_err(|e| e.to_string())?
+        .into();
+    ensure!(out.code == 0, "chalkctl {args:?}: {out:?}");
+    serde_json::from_str(&out.stdout).map_err(|e| Failed::from(format!("{e}: {out:?}")))
+}
+
+/// `host`'s options with the chain cut at [`DEPTH`].
+fn options_of(host: &Env) -> Result<PathBuf, Failed> {
+    let mut opts = chalk_runtime::options::RuntimeOptions::load(&host.c.options_path())
+        .map_err(|e| e.to_string())?;
+    opts.snapshot.max_chain_depth = DEPTH;
+    let path = host.c.dir().join("cycles-options.toml");
+    let text = toml::to_string(&opts).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+struct Pushed {
+    moved: u64,
+    depth: u32,
+    reference: String,
+}
+
+pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) -> TestResult {
+    let id = "tr-cycles";
+    let mut own = Own::start_with(&[("REGISTRY_STORAGE_DELETE_ENABLED", "true")])?;
+    let mut pushes: Vec<Pushed> = Vec::new();
+    let result = (|| {
+        for host in [&h.a, &h.b] {
+            memfill::import(&host.c).map_err(|e| e.to_string())?;
+        }
+        let options = [options_of(&h.a)?, options_of(&h.b)?];
+        let run = [
+            "run",
+            "--net",
+            "none",
+            MEMFILL_IMAGE,
+            id,
+            "--",
+            "/bin/memfill",
+            "64",
+            "4",
+        ];
+        let out = h.a.chalkctl(&run);
+        ensure!(out.code == 0, "run {id}: {out:?}");
+        let ready = wait_file(&h.a, id, "/tmp/ready")?;
+        ensure!(ready == "ready", "{id}: {ready}");
+        let mut on = 0; // host index: 0 A, 1 B
+        let hosts = [&h.a, &h.b];
+        let mut generation = 0;
+        for n in 1..=CYCLES {
+            let host = hosts[on];
+            if n > 1 {
+                let said = ask(host, id, "USR2", "/tmp/rewritten")?;
+                generation += 1;
+                ensure!(
+                    said.starts_with(&format!("{generation} ")),
+                    "rewrite: {said}"
+                );
+            }
+            let reference = own.reference(&format!("{REPO}:c{n}"));
+            let out = json(
+                &own,
+                host,
+                &options[on],
+                &["suspend", "--id", id, "--to", &reference, "--release"],
+            )?;
+            let pushed = out["pushed"]["reference"].as_str().unwrap_or_default();
+            let digest = pushed.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+            let m = own
+                .registry
+                .get_manifest(&format!("{REPO}/manifests/{digest}"))?;
+            let depth = m["annotations"][chalk_labels::DEPTH_ANNOTATION]
+                .as_str()
+                .and_then(|d| d.parse().ok())
+                .ok_or_else(|| format!("no depth in {m}"))?;
+            pushes.push(Pushed {
+                moved: out["pushed"]["transfer"]["bytes_moved"]
+                    .as_u64()
+                    .unwrap_or(0),
+                depth,
+                reference: pushed.to_string(),
+            });
+            let next = if n < LOCAL { on } else { 1 - on };
+            let resumed = json(
+                &own,
+                hosts[next],
+                &options[next],
+                &["resume", "--id", id, "--from", &reference],
+            )?;
+            ensure!(
+                resumed["snapshot"] == out["snapshot"]["id"],
+                "cycle {n}: resumed {resumed}"
+            );
+            if next != on {
+                // The record of the sandbox it left: it lives on the other host now.
+                let gone = host.chalkctl(&["rm", "--id", id]);
+                ensure!(gone.code == 0, "remove {id} where it left: {gone:?}");
+            }
+            on = next;
+            let verified = ask(hosts[on], id, "USR1", "/tmp/verified")?;
+            ensure!(
+                verified == format!("ok {generation}"),
+                "cycle {n}: memory after the resume: {verified}"
+            );
+        }
+        let report: Vec<String> = pushes
+            .iter()
+            .map(|p| format!("{:.1}MB/d{}", p.moved as f64 / 1e6, p.depth))
+            .collect();
+        testkit::note(format!(
+            "20 suspends of {MB} MB, {CHANGE_MB} MB changed: {report:?}"
+        ));
+        // The chain is cut at DEPTH: a full push, then one deeper each time.
+        let depths: Vec<u32> = pushes.iter().map(|p| p.depth).collect();
+        for (n, d) in depths.iter().enumerate() {
+            ensure!(*d <= DEPTH, "push {} is {d} deep: {depths:?}", n + 1);
+            if n > 0 && *d > 0 {
+                ensure!(*d == depths[n - 1] + 1, "depths {depths:?}");
+            }
+        }
+        ensure!(
+            depths.iter().filter(|d| **d == 0).count() >= (CYCLES as u32 / (DEPTH + 1)) as usize,
+            "the chain was never cut: {depths:?}"
+        );
+        // A push taking from its parent sends what changed and the small files.
+        for (n, p) in pushes.iter().enumerate().skip(1) {
+            if p.depth > 0 {
+                ensure!(
+                    p.moved < (CHANGE_MB + 8) << 20,
+                    "push {} sent {} bytes for {CHANGE_MB} MB changed: {report:?}",
+                    n + 1,
+                    p.moved
+                );
+            }
+        }
+        let full: u64 = pushes
+            .iter()
+            .filter(|p| p.depth == 0)
+            .map(|p| p.moved)
+            .sum();
+        let sent: u64 = pushes.iter().map(|p| p.moved).sum();
+        let stored = own.registry.stored_bytes();
+        let whole = CYCLES as u64 * (MB << 20);
+        ensure!(
+            // What was sent, with the base image and the manifests.
+            stored <= sent + (8 << 20) && stored < whole / 3,
+            "the registry holds {stored} bytes after 20 suspends ({sent} sent, {full} in full \
+             pushes; {whole} whole)"
+        );
+
+        // The older snapshots' manifests go, the registry collects its garbage: the last one
+        // still restores on the other host, and the packs only the deleted ones needed went.
+        for p in &pushes[..CYCLES - 1] {
+            let digest = p
+                .reference
+                .rsplit_once('@')
+                .map(|(_, d)| d)
+                .unwrap_or_default();
+            own.registry.delete_manifest(REPO, digest)?;
+        }
+        own.registry.collect_garbage()?;
+        let after = own.registry.stored_bytes();
+        ensure!(after < stored, "gc freed nothing: {stored} -> {after}");
+        let last = &pushes[CYCLES - 1].reference;
+        let host = hosts[on];
+        let out = json(&own, host, &options[on], &["suspend", "--id", id])?;
+        ensure!(out["snapshot"]["id"].is_string(), "suspend here: {out}");
+        let gone = host.chalkctl(&["rm", "--id", id]);
+        ensure!(gone.code == 0, "remove {id}: {gone:?}");
+        let other = 1 - on;
+        let resumed = json(
+            &own,
+            hosts[other],
+            &options[other],
+            &["resume", "--id", id, "--from", last],
+        )?;
+        ensure!(
+            resumed["snapshot"].is_string(),
+            "resume of the last: {resumed}"
+        );
+        let verified = ask(hosts[other], id, "USR1", "/tmp/verified")?;
+        ensure!(
+            verified == format!("ok {generation}"),
+            "after gc: {verified}"
+        );
+        testkit::note(format!(
+            "registry {:.1} MB after 20 suspends ({:.1} MB sent), {:.1} MB after gc",
+            stored as f64 / 1e6,
+            sent as f64 / 1e6,
+            after as f64 / 1e6
+        ));
+        Ok(())
+    })();
+    own.registry.stop();
+    // It ends on either host: gone from both before either looks for what is left.
+    h.a.remove(id);
+    h.b.remove(id);
+    let on_b = h.b.conclude(result, &[id], &[]);
+    h.a.conclude(on_b, &[id], &[])
+}
