@@ -518,6 +518,7 @@ fn main() {
         trust::an_encrypted_snapshot_is_unreadable_and_opens_only_with_its_key,
         trust::a_trust_policy_lets_in_only_what_its_key_signed,
         debian::a_debian_workload_resumes_and_forks_on_another_host,
+        cycles::a_snapshot_pushed_whole_still_restores,
     ];
     all.extend(cases![a_lazy_resume_and_fork_on_another_host_carry_on]);
     // Debian's runsc cannot give a sandbox a network of its own (tests/network.rs).

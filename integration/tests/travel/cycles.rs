@@ -46,8 +46,8 @@ fn wait_file(host: &Env, id: &str, path: &str) -> Result<String, Failed> {
     }
 }
 
-/// chalkctl on `host` against `own`'s registry, its options' chain cut at [`DEPTH`].
-fn json(own: &Own, host: &Env, options: &Path, args: &[&str]) -> Result<Value, Failed> {
+/// chalkctl on `host` against `registry`, with the options at `options`.
+fn json(registry: &Secured, host: &Env, options: &Path, args: &[&str]) -> Result<Value, Failed> {
     let mut argv = host.c.chalkctl_argv()?;
     let at = argv
         .iter()
@@ -57,8 +57,7 @@ fn json(own: &Own, host: &Env, options: &Path, args: &[&str]) -> Result<Value, F
     argv[at] = options.display().to_string();
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]).args(["--output", "json"]).args(args);
-    let out: CtrOutput = own
-        .registry
+    let out: CtrOutput = registry
         .client(&mut cmd)
         .output()
         .map_err(|e| e.to_string())?
@@ -69,10 +68,19 @@ fn json(own: &Own, host: &Env, options: &Path, args: &[&str]) -> Result<Value, F
 
 /// `host`'s options with the chain cut at [`DEPTH`].
 fn options_of(host: &Env) -> Result<PathBuf, Failed> {
+    options_with(host, "cycles", |o| o.max_chain_depth = DEPTH)
+}
+
+/// `host`'s options with `change` made to `[snapshot]`, in a file named for `name`.
+fn options_with(
+    host: &Env,
+    name: &str,
+    change: impl FnOnce(&mut chalk_runtime::options::SnapshotOptions),
+) -> Result<PathBuf, Failed> {
     let mut opts = chalk_runtime::options::RuntimeOptions::load(&host.c.options_path())
         .map_err(|e| e.to_string())?;
-    opts.snapshot.max_chain_depth = DEPTH;
-    let path = host.c.dir().join("cycles-options.toml");
+    change(&mut opts.snapshot);
+    let path = host.c.dir().join(format!("{name}-options.toml"));
     let text = toml::to_string(&opts).map_err(|e| e.to_string())?;
     std::fs::write(&path, text).map_err(|e| e.to_string())?;
     Ok(path)
@@ -123,7 +131,7 @@ pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) 
             }
             let reference = own.reference(&format!("{REPO}:c{n}"));
             let out = json(
-                &own,
+                &own.registry,
                 host,
                 &options[on],
                 &["suspend", "--id", id, "--to", &reference, "--release"],
@@ -146,7 +154,7 @@ pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) 
             });
             let next = if n < LOCAL { on } else { 1 - on };
             let resumed = json(
-                &own,
+                &own.registry,
                 hosts[next],
                 &options[next],
                 &["resume", "--id", id, "--from", &reference],
@@ -227,13 +235,13 @@ pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) 
         ensure!(after < stored, "gc freed nothing: {stored} -> {after}");
         let last = &pushes[CYCLES - 1].reference;
         let host = hosts[on];
-        let out = json(&own, host, &options[on], &["suspend", "--id", id])?;
+        let out = json(&own.registry, host, &options[on], &["suspend", "--id", id])?;
         ensure!(out["snapshot"]["id"].is_string(), "suspend here: {out}");
         let gone = host.chalkctl(&["rm", "--id", id]);
         ensure!(gone.code == 0, "remove {id}: {gone:?}");
         let other = 1 - on;
         let resumed = json(
-            &own,
+            &own.registry,
             hosts[other],
             &options[other],
             &["resume", "--id", id, "--from", last],
@@ -261,4 +269,45 @@ pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) 
     h.b.remove(id);
     let on_b = h.b.conclude(result, &[id], &[]);
     h.a.conclude(on_b, &[id], &[])
+}
+
+/// A snapshot pushed whole, as chalk-shim pushed before memory went as pieces (and as
+/// `push_pieces = false` still does), is pulled and forked as it always was.
+pub fn a_snapshot_pushed_whole_still_restores(h: &Hosts) -> TestResult {
+    let (id, fork) = ("tr-whole", "tr-whole-fork");
+    let mut on_a = Vec::new();
+    let mut on_b = Vec::new();
+    let result = (|| {
+        counter(h, id)?;
+        let snap = h.a.snapshot_of(id)?;
+        on_a.push(snap.clone());
+        let whole = options_with(&h.a, "whole", |o| o.push_pieces = false)?;
+        let reference = h.reference("travel/whole:1");
+        let pushed = json(
+            &h.registry,
+            &h.a,
+            &whole,
+            &["snapshot", "push", "--snapshot-id", &snap, &reference],
+        )?;
+        ensure!(
+            pushed["reference"]
+                .as_str()
+                .is_some_and(|r| r.ends_with(&format!("@{snap}"))),
+            "a whole push pins the snapshot's own manifest: {pushed}"
+        );
+        let m = h.registry_manifest(&format!("travel/whole/manifests/{snap}"))?;
+        ensure!(
+            m["artifactType"] == PLAIN
+                && layer(&m, "pages.img").is_some() == testkit::current_runsc(),
+            "the whole form: {m}"
+        );
+        let out = h.json(&h.b, &["fork", "--snapshot", &reference, "--fork-id", fork])?;
+        on_b.push(snap.clone());
+        ensure!(out["forks"][0]["id"] == fork, "fork on B: {out}");
+        let n = h.b.count(fork)?;
+        h.b.count_reaches(fork, n + 2)?;
+        Ok(())
+    })();
+    let on_b = h.b.conclude(result, &[fork], &on_b);
+    h.a.conclude(on_b, &[id], &on_a)
 }

@@ -149,6 +149,13 @@ pub fn an_encrypted_snapshot_is_unreadable_and_opens_only_with_its_key(h: &Hosts
             .unwrap_or_default()
             .to_string();
         ensure!(out["pushed"]["encrypted"] == true, "suspend --to: {out}");
+        // Pieces encrypted for the same recipients in the same repository are not sent again.
+        if testkit::current_runsc() {
+            ensure!(
+                out["pushed"]["transfer"]["bytes_present"].as_u64() > Some(0),
+                "the encrypted suspend sent every piece again: {out}"
+            );
+        }
 
         let bare = fresh_host()?;
         let refused = own.chalkctl(&bare, &["resume", "--id", id, "--from", &suspended_ref]);
