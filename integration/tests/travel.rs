@@ -282,8 +282,8 @@ fn a_sandbox_travels_between_hosts(h: &Hosts) -> TestResult {
         ensure!(
             referrers["manifests"].as_array().is_some_and(|l| l
                 .iter()
-                .any(|d| d["digest"] == packed.as_str() && d["artifactType"] == PACKED)),
-            "the referrers tag of {subject}: {referrers}"
+                .any(|d| d["digest"] == packed.as_str() && d["artifactType"] == form)),
+            "the referrers tag of {subject}: {referrers}, not {packed} ({form})"
         );
 
         // Suspended to the registry and released: no sandbox and no snapshot left on A.
