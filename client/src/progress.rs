@@ -15,10 +15,12 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Shown when `shown`, or when `CHALK_PROGRESS` is set (the timed steps of a command
+    /// whose output is JSON, on stderr, to see where its time goes).
     pub fn new(shown: bool) -> Self {
         Self {
             started: Instant::now(),
-            shown,
+            shown: shown || std::env::var_os("CHALK_PROGRESS").is_some_and(|v| !v.is_empty()),
         }
     }
 

@@ -334,26 +334,21 @@ impl Secured {
         file.exists().then_some(file)
     }
 
-    /// The file of the largest layer of manifest `digest` as pushed here: a snapshot's memory.
-    pub fn largest_layer(&self, digest: &str) -> Option<PathBuf> {
-        let manifest = std::fs::read(self.blob_file(digest)?).ok()?;
-        let m: serde_json::Value = serde_json::from_slice(&manifest).ok()?;
-        let layer = m["layers"]
-            .as_array()?
-            .iter()
-            .max_by_key(|l| l["size"].as_u64().unwrap_or(0))?;
-        self.blob_file(layer["digest"].as_str()?)
-    }
-
-    /// The file of the layer titled `title` of manifest `digest` as pushed here.
-    pub fn layer_titled(&self, digest: &str, title: &str) -> Option<PathBuf> {
+    /// The digest of the layer titled `title` of manifest `digest` (a manifest, or a
+    /// snapshot's own manifest held as a blob by its packed form).
+    pub fn layer_digest(&self, digest: &str, title: &str) -> Option<String> {
         let manifest = std::fs::read(self.blob_file(digest)?).ok()?;
         let m: serde_json::Value = serde_json::from_slice(&manifest).ok()?;
         let layer = m["layers"]
             .as_array()?
             .iter()
             .find(|l| l["annotations"]["org.opencontainers.image.title"] == title)?;
-        self.blob_file(layer["digest"].as_str()?)
+        layer["digest"].as_str().map(String::from)
+    }
+
+    /// The file of the layer titled `title` of manifest `digest` as pushed here.
+    pub fn layer_titled(&self, digest: &str, title: &str) -> Option<PathBuf> {
+        self.blob_file(&self.layer_digest(digest, title)?)
     }
 
     /// Manifest `path` (`<repo>/manifests/<ref>`) as JSON, read behind the clients' backs.

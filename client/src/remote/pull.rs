@@ -338,7 +338,7 @@ pub fn pull(
                         megabytes(index.stored_bytes()),
                         megabytes(d.size)
                     ),
-                    || packed::fetch::fetch(&s, &r, index, keys.as_ref(), &d.digest, &part),
+                    || packed::fetch::fetch(&s, &r, &store, index, keys.as_ref(), &d.digest, &part),
                 )?;
                 t.moved(index.stored_bytes());
                 fetched_pages = Some(pages);

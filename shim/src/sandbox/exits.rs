@@ -53,12 +53,20 @@ impl Sandboxes {
         // A sandbox whose memory never arrived: why is on its record before its exit is
         // told (runsc ends it on the failed read, before the restore's own watch sees it).
         let arrivals = c.restore_from.as_ref().and_then(|f| f.arrivals.as_ref());
+        let mut status = status;
         if let Some(why) = arrivals.and_then(|a| a.failure()) {
             if let Err(e) = self
                 .records()
                 .set_label(id, chalk_labels::ENDED_BECAUSE, &why)
             {
                 log::warn!("container {id}: why it ended was not recorded: {e}");
+            }
+            // Ended for its memory, whoever ended it first: runsc on its failed read (its
+            // own exit code, which depends on where the read was) or the shim's SIGKILL once
+            // the restore's watch saw the failure. Told as the kill, one answer every time.
+            if status != 137 {
+                log::info!("container {id}: its sandbox exited with {status} once its memory failed: told as killed (137)");
+                status = 137;
             }
         }
         self.drain_outputs(&c, "", Some(pid));

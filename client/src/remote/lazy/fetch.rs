@@ -17,7 +17,10 @@ use sha2::{Digest, Sha256};
 
 use super::super::session::Session;
 use super::arrivals::Arrivals;
-use super::from_pieces::{FromPieces, Trouble};
+use super::from_pieces::{FromPieces, Placed, Trouble};
+use crate::remote::packed::fetch::Run;
+use chalk_runtime::snapshot::memory::index::Extent;
+use std::collections::BTreeSet;
 
 /// Pieces the in-order fetch asks for at once (16 MiB at 1 MiB pieces).
 const RUN: u64 = 16;
@@ -58,6 +61,9 @@ impl Fetch {
 
     /// Fetches the blob in order until every piece is here or serving failed.
     pub fn in_order(&self) {
+        if let Some(source) = &self.from_pieces {
+            return self.in_pack_order(source);
+        }
         while let Some(run) = self.arrivals.next_run(RUN) {
             self.with_retries(run);
         }
@@ -155,6 +161,93 @@ impl Fetch {
                 } else {
                     Err(Failed::Again(text))
                 }
+            }
+        }
+    }
+
+    /// Fetches a packed snapshot's pieces in the order of their packs, writing each where the
+    /// index puts it; a window counts once every piece it takes from is written (one of zeros
+    /// at once).
+    fn in_pack_order(&self, source: &FromPieces) {
+        let index = &source.index;
+        let windows = self.arrivals.count() as usize;
+        let mut uses: Vec<Vec<Extent>> = vec![Vec::new(); index.pieces.len()];
+        for e in &index.extents {
+            uses[e.piece as usize].push(*e);
+        }
+        let window_size = self.pieces.size.max(1);
+        let touched = |exts: &[Extent]| -> BTreeSet<u64> {
+            exts.iter()
+                .flat_map(|e| e.offset / window_size..=(e.end() - 1) / window_size)
+                .collect()
+        };
+        let mut pending = vec![0u32; windows];
+        for exts in &uses {
+            for w in touched(exts) {
+                pending[w as usize] += 1;
+            }
+        }
+        for (w, n) in pending.iter().enumerate() {
+            if *n == 0 {
+                self.arrivals.arrived(w as u64);
+            }
+        }
+        for run in source.background_runs() {
+            let wanted = run.pieces().iter().any(|&i| {
+                touched(&uses[i])
+                    .iter()
+                    .any(|w| !self.arrivals.have(&(*w..*w + 1)))
+            });
+            if !wanted {
+                continue;
+            }
+            let placed = match self.pieces_with_retries(source, &run) {
+                Some(p) => p,
+                None => return,
+            };
+            for p in placed {
+                for e in &uses[p.piece] {
+                    let slice = &p.bytes[e.at as usize..(e.at + e.len) as usize];
+                    if let Err(err) = self.data.write_all_at(slice, e.offset) {
+                        return self.arrivals.fail(&format!("write the blob: {err}"));
+                    }
+                }
+                for w in touched(&uses[p.piece]) {
+                    pending[w as usize] -= 1;
+                    if pending[w as usize] == 0 {
+                        self.arrivals.arrived(w);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pieces of `run`, tried again as any fetch is; None once serving failed.
+    fn pieces_with_retries(&self, source: &FromPieces, run: &Run) -> Option<Vec<Placed>> {
+        let mut tries = RETRIES.iter();
+        loop {
+            if self.arrivals.failure().is_some() {
+                return None;
+            }
+            match source.fetch(&self.session, &self.reference, run) {
+                Ok(p) => return Some(p),
+                Err(Trouble::Never(why)) => {
+                    self.arrivals.fail(&why);
+                    return None;
+                }
+                Err(Trouble::Again(why)) => match tries.next() {
+                    Some(wait) => {
+                        std::thread::sleep(*wait);
+                        let _ = self
+                            .session
+                            .login(&self.reference, oci_client::RegistryOperation::Pull);
+                    }
+                    None => {
+                        self.arrivals
+                            .fail(&format!("{why} (tried {} times)", RETRIES.len() + 1));
+                        return None;
+                    }
+                },
             }
         }
     }

@@ -1,20 +1,23 @@
-//! A lazily served memory file whose snapshot was pushed as pieces: each window of the file
-//! (a piece of the chalk manifest's, 1 MiB) is put together from the pieces its extents take
-//! from, fetched from their packs by range (neighbouring ones in one request), each checked
-//! against the index, then the window checked against the manifest's digest of it, as a window
-//! of a whole blob is, before readers see it.
+//! A lazily served memory file whose snapshot was pushed as pieces. A window a reader waits
+//! for (a piece of the chalk manifest's, 1 MiB) is put together from the pieces its extents
+//! take from; behind the readers, the pieces are fetched in the order of their packs (long
+//! ranges, as a whole pull does), each written where the index puts it, and a window counts
+//! once every piece it takes from is written. Every piece is checked against the index (which
+//! the manifest's digest pins) before a byte of it is written; the whole file is checked
+//! against the snapshot's digest before it becomes a blob (`fetch::check_whole`).
 
 use std::{
     collections::{BTreeMap, VecDeque},
     ops::Range,
+    path::PathBuf,
     sync::{Arc, Mutex},
 };
 
-use chalk_runtime::snapshot::{memory::MemoryIndex, pieces::Pieces};
+use chalk_runtime::snapshot::{memory::MemoryIndex, pieces::Pieces, store::Store};
 use oci_client::Reference;
 
 use crate::remote::{
-    packed::fetch::{fetch_run, runs},
+    packed::fetch::{fetch_run, runs, Run},
     session::Session,
 };
 
@@ -24,13 +27,17 @@ const KEPT: usize = 32;
 pub struct FromPieces {
     pub index: MemoryIndex,
     kept: Mutex<VecDeque<(usize, Arc<Vec<u8>>)>>,
+    /// The packs this host kept, by their index in the index's packs.
+    packs_here: Vec<Option<PathBuf>>,
 }
 
 impl FromPieces {
-    pub fn new(index: MemoryIndex) -> FromPieces {
+    pub fn new(index: MemoryIndex, store: &Store) -> FromPieces {
+        let packs_here = index.packs.iter().map(|d| store.kept_pack(d)).collect();
         FromPieces {
             index,
             kept: Mutex::new(VecDeque::new()),
+            packs_here,
         }
     }
 
@@ -59,7 +66,7 @@ pub enum Trouble {
 
 impl FromPieces {
     /// Windows `run` of the file (of `size` bytes, cut as `windows` says), each put together
-    /// and checked: `(window, offset, bytes)`.
+    /// from checked pieces: `(window, offset, bytes)`.
     pub fn windows(
         &self,
         session: &Session,
@@ -84,23 +91,12 @@ impl FromPieces {
             }
         }
         for r in runs(index, wanted) {
-            fetch_run(session, reference, index, &r, None, |i, bytes, _| {
+            let here = self.packs_here[r.pack()].as_deref();
+            fetch_run(session, reference, index, &r, None, here, |i, bytes, _| {
                 got.insert(i, Arc::new(bytes));
                 Ok(())
             })
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("does not match")
-                    || text.contains("decompress")
-                    || text.contains("byte ranges")
-                {
-                    Trouble::Never(format!(
-                        "{text}: the snapshot's pieces were changed or damaged in the registry"
-                    ))
-                } else {
-                    Trouble::Again(text)
-                }
-            })?;
+            .map_err(trouble)?;
         }
         let mut out = Vec::with_capacity((run.end - run.start) as usize);
         for w in run {
@@ -113,13 +109,6 @@ impl FromPieces {
                 buf[(from - at) as usize..(to - at) as usize]
                     .copy_from_slice(&piece[inside..inside + (to - from) as usize]);
             }
-            if !windows.matches(w, &buf) {
-                return Err(Trouble::Never(format!(
-                    "bytes {at}..{} put together from the snapshot's pieces do not match their \
-                     digest in its manifest: its index and its manifest disagree",
-                    at + len
-                )));
-            }
             out.push((w, at, buf));
         }
         // Pieces that reach past this run serve the windows after it.
@@ -129,5 +118,58 @@ impl FromPieces {
             }
         }
         Ok(out)
+    }
+}
+
+/// What the background fetch does with each piece of a run: where its bytes go.
+pub struct Placed {
+    pub piece: usize,
+    pub bytes: Vec<u8>,
+}
+
+impl FromPieces {
+    /// Every piece in pack order, in runs: what the background fetch goes through.
+    pub fn background_runs(&self) -> Vec<Run> {
+        runs(&self.index, 0..self.index.pieces.len())
+    }
+
+    /// The pieces of `run`, each checked.
+    pub fn fetch(
+        &self,
+        session: &Session,
+        reference: &Reference,
+        run: &Run,
+    ) -> Result<Vec<Placed>, Trouble> {
+        let mut out = Vec::with_capacity(run.pieces().len());
+        let here = self.packs_here[run.pack()].as_deref();
+        fetch_run(
+            session,
+            reference,
+            &self.index,
+            run,
+            None,
+            here,
+            |piece, bytes, _| {
+                out.push(Placed { piece, bytes });
+                Ok(())
+            },
+        )
+        .map_err(trouble)?;
+        Ok(out)
+    }
+}
+
+/// A failed fetch of pieces: never to be tried again when the bytes were wrong.
+fn trouble(e: crate::Error) -> Trouble {
+    let text = e.to_string();
+    if text.contains("does not match")
+        || text.contains("decompress")
+        || text.contains("byte ranges")
+    {
+        Trouble::Never(format!(
+            "{text}: the snapshot's pieces were changed or damaged in the registry"
+        ))
+    } else {
+        Trouble::Again(text)
     }
 }

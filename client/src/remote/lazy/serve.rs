@@ -107,7 +107,10 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
         arrivals: arrivals.clone(),
         data: data.clone(),
         whole: Default::default(),
-        from_pieces: job.index.clone().map(super::from_pieces::FromPieces::new),
+        from_pieces: job
+            .index
+            .clone()
+            .map(|i| super::from_pieces::FromPieces::new(i, &store)),
     });
     // The first piece proves the registry serves ranges (and the credentials work) before
     // anything depends on this server.

@@ -18,6 +18,7 @@ use chalk_runtime::snapshot::memory::{
     pages::{PageDigest, PAGE, ZERO},
     MemoryIndex, PageTable,
 };
+use chalk_runtime::snapshot::store::Store;
 use oci_client::Reference;
 use sha2::{Digest, Sha256};
 
@@ -33,6 +34,18 @@ pub struct Run {
     offset: u64,
     len: u64,
     pieces: Vec<usize>,
+}
+
+impl Run {
+    /// The pack's index in the memory index's packs.
+    pub fn pack(&self) -> usize {
+        self.pack
+    }
+
+    /// Its pieces (indices into the index's pieces), in the pack's order.
+    pub fn pieces(&self) -> &[usize] {
+        &self.pieces
+    }
 }
 
 /// Pieces `wanted` (indices into the index's pieces) gathered into runs: consecutive pieces
@@ -66,15 +79,23 @@ pub fn runs(index: &MemoryIndex, wanted: impl IntoIterator<Item = usize>) -> Vec
 }
 
 /// Fetches `run` in one ranged request and hands each of its pieces, opened (decrypted with
-/// `keys` where sealed) and checked, to `each` with its page digests, as it completes.
+/// `keys` where sealed) and checked, to `each` with its page digests, as it completes. Read
+/// from `kept` instead, where this host kept the pack, unless a piece there does not check.
 pub fn fetch_run(
     s: &Session,
     r: &Reference,
     index: &MemoryIndex,
     run: &Run,
     keys: Option<&crypt::Keys>,
+    kept: Option<&Path>,
     mut each: impl FnMut(usize, Vec<u8>, Vec<PageDigest>) -> Result<()>,
 ) -> Result<()> {
+    if let Some(opened) = kept.and_then(|path| read_kept(path, index, run, keys)) {
+        for (i, bytes, pages) in opened {
+            each(i, bytes, pages)?;
+        }
+        return Ok(());
+    }
     let mut next = run.pieces.iter().peekable();
     let mut buf: Vec<u8> = Vec::new();
     s.blob_range(
@@ -110,6 +131,33 @@ pub fn fetch_run(
     Ok(())
 }
 
+/// A piece opened: its index, bytes and page digests.
+type Opened = (usize, Vec<u8>, Vec<PageDigest>);
+
+/// The pieces of `run` from the kept pack at `path`, each checked; None if any is not there
+/// or does not check (then the registry's are fetched).
+fn read_kept(
+    path: &Path,
+    index: &MemoryIndex,
+    run: &Run,
+    keys: Option<&crypt::Keys>,
+) -> Option<Vec<Opened>> {
+    let file = File::open(path).ok()?;
+    let mut bytes = vec![0u8; run.len as usize];
+    file.read_exact_at(&mut bytes, run.offset).ok()?;
+    let mut at = 0usize;
+    run.pieces
+        .iter()
+        .map(|&i| {
+            let piece = &index.pieces[i];
+            let stored = bytes.get(at..at + piece.stored as usize)?;
+            at += piece.stored as usize;
+            let (b, p) = open(piece, stored, keys).ok()?;
+            Some((i, b, p))
+        })
+        .collect()
+}
+
 /// A piece from what its pack holds: decrypted where sealed, decompressed and checked.
 fn open(
     piece: &PieceRef,
@@ -128,10 +176,12 @@ fn open(
 }
 
 /// Writes the memory file `index` describes to `part` (a new file, root-only) from the packs
-/// of `r`, and checks it hashes to `digest`; its page digests, for the next push from here.
+/// of `r` (or those `store` kept), and checks it hashes to `digest`; its page digests, for
+/// the next push from here.
 pub fn fetch(
     s: &Session,
     r: &Reference,
+    store: &Store,
     index: &MemoryIndex,
     keys: Option<&crypt::Keys>,
     digest: &str,
@@ -156,9 +206,16 @@ pub fn fetch(
             pages: vec![ZERO; PageTable::count_for(index.size) as usize],
         };
         for run in runs(index, 0..index.pieces.len()) {
-            fetch_run(s, r, index, &run, keys, |i, bytes, digests| {
-                place(&bytes, &digests, &file, &uses[&i], &mut pages)
-            })?;
+            let kept = store.kept_pack(&index.packs[run.pack()]);
+            fetch_run(
+                s,
+                r,
+                index,
+                &run,
+                keys,
+                kept.as_deref(),
+                |i, bytes, digests| place(&bytes, &digests, &file, &uses[&i], &mut pages),
+            )?;
         }
         check_whole(&file, digest)?;
         Ok(pages)

@@ -128,7 +128,11 @@ pub fn push(
             )?;
             t.moved(written.size);
         }
-        let _ = std::fs::remove_file(&out);
+        // Kept for a pull of this memory here (a resume after --release); its pieces are
+        // checked as the registry's are.
+        if store.keep_pack(&out, &written.digest).is_err() {
+            let _ = std::fs::remove_file(&out);
+        }
         pack_sizes.push(written.size);
         plan.place(&written.digest, &written.places)
     };

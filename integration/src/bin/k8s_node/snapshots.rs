@@ -211,11 +211,12 @@ pub fn steps(run: &mut Run, registry: &Secured) {
             if snapshots_on(c, 0).contains(&id) {
                 return Err(format!("{id} is still on {a}"));
             }
-            // Its memory (its largest layer, as pushed) is not in the node's store either.
+            // Its memory (pages.img of its own manifest, the packed form's first layer) is
+            // not in the node's store either.
             let memory = registry
-                .largest_layer(&id)
-                .and_then(|f| Some(f.parent()?.file_name()?.to_string_lossy().to_string()))
-                .ok_or("the registry holds no memory of the snapshot")?;
+                .layer_digest(&id, "pages.img")
+                .map(|d| d.trim_start_matches("sha256:").to_string())
+                .ok_or("the registry holds no manifest of the snapshot")?;
             let left = c.nodes[0]
                 .containerd
                 .snapshot_store()
@@ -259,11 +260,14 @@ pub fn steps(run: &mut Run, registry: &Secured) {
     run.step(
         "pods naming a tampered or missing snapshot, one on another image, or in a namespace not allowed, fail with an event naming why, and leave nothing",
         |c| {
-            // Another snapshot, its memory altered in the registry.
+            // Another snapshot, altered in the registry.
             let pushed = chalk(c, &["snapshot", "counter", "--name", "counter-3", "--push-to", &format!("{reg}/pods/default/counter:v3")])?;
-            let id = pushed["status"]["snapshotId"].as_str().unwrap_or_default().to_string();
             let from = pushed["status"]["restoreFrom"].as_str().unwrap_or_default().to_string();
-            let largest = registry.largest_layer(&id).ok_or("no blob to alter")?;
+            // Its kernel state, which every pull fetches whole (the memory comes as pieces).
+            let packed = from.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+            let largest = registry
+                .layer_titled(packed, "checkpoint.img")
+                .ok_or("no blob to alter")?;
             let mut bytes = std::fs::read(&largest).map_err(|e| e.to_string())?;
             let mid = bytes.len() / 2;
             bytes[mid] ^= 0xff;

@@ -94,7 +94,8 @@ pub fn steps(run: &mut Run, registry: &Secured, agents: &[(String, PathBuf)]) {
             if out.code != 0 {
                 return Err(format!("push to golden: {out:?}"));
             }
-            let golden = format!("{reg}/golden/counter@{id}");
+            // The reference the push printed pins its packed form, not the snapshot's id.
+            let golden = out.stdout.trim().replace(":v1@", "@");
             let meta = format!("  namespace: {TENANT_B}\n  annotations: {{{RESTORE_FROM}: \"{golden}\"}}\n");
             applied(c, &counter_pod_with("golden", c.nodes[1].name, 0, &meta))?;
             let ready = until(Duration::from_secs(120), || {

@@ -91,7 +91,23 @@ impl Store {
 
     /// The entries of `repository`, newest first (an unreadable one is left out).
     pub fn catalog_entries(&self, repository: &str) -> Vec<CatalogEntry> {
-        let Ok(list) = fs::read_dir(self.catalog_dir(repository)) else {
+        self.catalog_entries_in(&self.catalog_dir(repository))
+    }
+
+    /// The directories of the repositories this host keeps entries of.
+    pub(super) fn catalog_repositories(&self) -> Vec<PathBuf> {
+        fs::read_dir(self.root.join("catalog"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    }
+
+    /// The entries in catalog directory `dir`, newest first.
+    pub(super) fn catalog_entries_in(&self, dir: &std::path::Path) -> Vec<CatalogEntry> {
+        let Ok(list) = fs::read_dir(dir) else {
             return Vec::new();
         };
         let mut out: Vec<CatalogEntry> = list

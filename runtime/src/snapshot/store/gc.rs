@@ -29,6 +29,7 @@ impl Store {
         let _exclusive = self.lock_store(true)?;
         let mut report = GcReport::default();
         report.stale_dirs += self.gc_lazy();
+        report.bytes_freed += self.gc_packs();
         let mut live: BTreeSet<String> = BTreeSet::new();
         for kind in ["ingest", "restores", "fresh"] {
             let dir = self.root.join(kind);

@@ -16,6 +16,7 @@
 //! <root>/failed/<token>           why snapshot <token> could not be sealed
 //! <root>/catalog/<repository>/     what this host pushed to or pulled from a repository as
 //!                                 pieces (see [`catalog`]): not snapshots, never gc roots
+//! <root>/packs/<hex>              packs this host pushed, while a catalog entry names them
 //! ```
 //!
 //! Guarantees: a ref is written only after all of its blobs are in place, so a snapshot never
@@ -30,6 +31,7 @@ mod ingest;
 mod layout;
 mod lazy;
 mod lock;
+mod packs;
 mod pointer;
 mod refs;
 mod restore;

@@ -1,0 +1,62 @@
+//! Packs this host pushed, kept beside the catalog that names them: a later pull of a
+//! snapshot whose pieces are in one (the same sandbox resumed here after `suspend --to
+//! --release`) reads them from disk instead of the registry. Every piece read from a kept pack
+//! is checked against its digest as one from the registry is; a pack no catalog entry names
+//! goes at the next gc.
+//!
+//! ```text
+//! <root>/packs/<hex>    a pack as pushed (0400)
+//! ```
+
+use std::{collections::BTreeSet, fs, path::Path, path::PathBuf};
+
+use super::{layout::make_private_dir, Store};
+use crate::{snapshot::oci, Error, Result};
+
+impl Store {
+    fn packs_dir(&self) -> PathBuf {
+        self.root.join("packs")
+    }
+
+    /// Keeps the pack at `file` (on the store's filesystem) as pack `digest`.
+    pub fn keep_pack(&self, file: &Path, digest: &str) -> Result<()> {
+        let hex = oci::sha256_hex_of(digest)
+            .ok_or_else(|| super::store_error(&self.root, format!("{digest:?} is not a digest")))?;
+        make_private_dir(&self.packs_dir())?;
+        let to = self.packs_dir().join(hex);
+        fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o400))
+            .and_then(|_| fs::rename(file, &to))
+            .map_err(|e| Error::io(format!("keep pack {}", file.display()), e))
+    }
+
+    /// The kept pack `digest`, if this host has it.
+    pub fn kept_pack(&self, digest: &str) -> Option<PathBuf> {
+        let path = self.packs_dir().join(oci::sha256_hex_of(digest)?);
+        path.exists().then_some(path)
+    }
+
+    /// Removes the kept packs no catalog entry names: their bytes freed.
+    pub(super) fn gc_packs(&self) -> u64 {
+        let Ok(list) = fs::read_dir(self.packs_dir()) else {
+            return 0;
+        };
+        let named: BTreeSet<String> = self
+            .catalog_repositories()
+            .iter()
+            .flat_map(|dir| self.catalog_entries_in(dir))
+            .flat_map(|e| e.index.packs)
+            .filter_map(|d| oci::sha256_hex_of(&d).map(String::from))
+            .collect();
+        let mut freed = 0;
+        for entry in list.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !named.contains(&name) {
+                let size = entry.metadata().map_or(0, |m| m.len());
+                if fs::remove_file(entry.path()).is_ok() {
+                    freed += size;
+                }
+            }
+        }
+        freed
+    }
+}
