@@ -50,3 +50,34 @@ pub fn import(c: &Containerd) -> io::Result<()> {
 pub fn command(mb: u64) -> Vec<String> {
     vec!["/bin/memfill".into(), mb.to_string()]
 }
+
+/// What `path` in a memfill sandbox holds once written, within `within`: `read` runs a shell
+/// script in the sandbox and gives its output.
+pub fn wait_written(
+    read: impl Fn(&str) -> Result<String, String>,
+    path: &str,
+    within: std::time::Duration,
+) -> Result<String, String> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let got = read(&format!("cat {path} 2>/dev/null || true"))?;
+        if !got.is_empty() {
+            return Ok(got);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("no {path} after {within:?}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// Sends memfill `signal` (USR1: check, USR2: rewrite) and waits for its answer at `path`.
+pub fn ask(
+    read: impl Fn(&str) -> Result<String, String>,
+    signal: &str,
+    path: &str,
+    within: std::time::Duration,
+) -> Result<String, String> {
+    read(&format!("rm -f {path}; kill -{signal} 1"))?;
+    wait_written(read, path, within)
+}

@@ -21,29 +21,24 @@ const LOCAL: usize = 10;
 const DEPTH: u32 = 8;
 const REPO: &str = "cycles/mf";
 
-fn exec(host: &Env, id: &str, script: &str) -> Result<String, Failed> {
+fn exec(host: &Env, id: &str, script: &str) -> Result<String, String> {
     let out = host.chalkctl(&["exec", "--id", id, "--", "sh", "-c", script]);
-    ensure!(out.code == 0, "exec in {id}: {script}: {out:?}");
+    if out.code != 0 {
+        return Err(format!("exec in {id}: {script}: {out:?}"));
+    }
     Ok(out.stdout.trim().to_string())
 }
 
 /// Sends memfill in `id` `signal` and waits for it to write `path`.
 fn ask(host: &Env, id: &str, signal: &str, path: &str) -> Result<String, Failed> {
-    exec(host, id, &format!("rm -f {path}; kill -{signal} 1"))?;
-    wait_file(host, id, path)
+    let read = |script: &str| exec(host, id, script);
+    Ok(memfill::ask(read, signal, path, Duration::from_secs(120))?)
 }
 
 /// What `path` in `id` holds once it is written (within 120 s).
 fn wait_file(host: &Env, id: &str, path: &str) -> Result<String, Failed> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let got = exec(host, id, &format!("cat {path} 2>/dev/null || true"))?;
-        if !got.is_empty() {
-            return Ok(got);
-        }
-        ensure!(Instant::now() < deadline, "{id}: no {path} after 120 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let read = |script: &str| exec(host, id, script);
+    Ok(memfill::wait_written(read, path, Duration::from_secs(120))?)
 }
 
 /// chalkctl on `host` against `registry`, with the options at `options`.

@@ -159,13 +159,7 @@ pub fn push(
         chalk_runtime::snapshot::memory::index::MEDIA_TYPE,
     )?;
     let layers = other_layers(s, r, store, stored, to, t, progress)?;
-    let config = &stored.oci.config;
-    if s.has_blob(r, &config.digest)? {
-        t.present(config.size);
-    } else {
-        s.push_bytes(r, oci::EMPTY_DATA.to_vec(), &config.digest)?;
-        t.moved(config.size);
-    }
+    super::super::push::send_config(s, r, stored, t)?;
     let plain = send_small(s, r, to, t, &stored.manifest_bytes, oci::MANIFEST)?;
     let packs = index
         .packs

@@ -60,3 +60,52 @@ impl Store {
         freed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{memory::MemoryIndex, memory::PageTable, store::CatalogEntry};
+
+    #[test]
+    fn a_kept_pack_stays_while_a_catalog_entry_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (named, other) = (
+            format!("sha256:{}", "a".repeat(64)),
+            format!("sha256:{}", "b".repeat(64)),
+        );
+        for d in [&named, &other] {
+            let file = dir.path().join("ingest/pack");
+            fs::write(&file, b"frames").unwrap();
+            store.keep_pack(&file, d).unwrap();
+            assert!(store.kept_pack(d).is_some());
+        }
+        let entry = CatalogEntry {
+            id: format!("sha256:{}", "c".repeat(64)),
+            packed: format!("sha256:{}", "d".repeat(64)),
+            sandbox_id: "box".into(),
+            recipients: None,
+            saved: 1,
+            index: MemoryIndex {
+                size: 0,
+                depth: 0,
+                packs: vec![named.clone()],
+                pieces: Vec::new(),
+                extents: Vec::new(),
+            },
+            pack_sizes: vec![6],
+        };
+        let pages = PageTable {
+            size: 0,
+            pages: Vec::new(),
+        };
+        store
+            .catalog_save("reg/repo", &entry, Some(&pages))
+            .unwrap();
+        let report = store.gc(&[]).unwrap();
+        assert_eq!(report.bytes_freed, 6);
+        assert!(store.kept_pack(&named).is_some());
+        assert!(store.kept_pack(&other).is_none());
+        assert!(store.kept_pack("sha256:nope").is_none());
+    }
+}
