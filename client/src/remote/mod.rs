@@ -142,6 +142,28 @@ impl Transfer {
     }
 }
 
+/// Sends OCI's empty config of snapshot `stored` unless the registry has it (both forms of a
+/// push send it).
+fn send_config(
+    s: &session::Session,
+    r: &oci_client::Reference,
+    stored: &chalk_runtime::snapshot::store::Stored,
+    t: &mut Transfer,
+) -> Result<()> {
+    let config = &stored.oci.config;
+    if s.has_blob(r, &config.digest)? {
+        t.present(config.size);
+    } else {
+        s.push_bytes(
+            r,
+            chalk_runtime::snapshot::oci::EMPTY_DATA.to_vec(),
+            &config.digest,
+        )?;
+        t.moved(config.size);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::reference;

@@ -200,7 +200,7 @@ fn push_sealed(
     t: &mut Transfer,
     progress: &Progress,
 ) -> Result<ImageManifest> {
-    send_config(s, r, stored, t)?;
+    super::send_config(s, r, stored, t)?;
     let inner = crypt::encrypt_bytes(to, &stored.manifest_bytes)?;
     let inner_desc = (oci::sha256_digest(&inner), inner.len() as u64);
     s.push_bytes(r, inner, &inner_desc.0)?;
@@ -231,23 +231,6 @@ fn push_sealed(
     }
     drop(scratch);
     sealed::seal(&stored.oci, inner_desc, &layers).map_err(Error::from)
-}
-
-/// Sends OCI's empty config unless the registry has it.
-pub(super) fn send_config(
-    s: &session::Session,
-    r: &Reference,
-    stored: &StoredSnapshot,
-    t: &mut Transfer,
-) -> Result<()> {
-    let config = &stored.oci.config;
-    if s.has_blob(r, &config.digest)? {
-        t.present(config.size);
-    } else {
-        s.push_bytes(r, oci::EMPTY_DATA.to_vec(), &config.digest)?;
-        t.moved(config.size);
-    }
-    Ok(())
 }
 
 /// Lists snapshot `digest` among the referrers of `subject` in the tag that registries

@@ -159,7 +159,7 @@ pub fn push(
         chalk_runtime::snapshot::memory::index::MEDIA_TYPE,
     )?;
     let layers = other_layers(s, r, store, stored, to, t, progress)?;
-    super::super::push::send_config(s, r, stored, t)?;
+    super::super::send_config(s, r, stored, t)?;
     let plain = send_small(s, r, to, t, &stored.manifest_bytes, oci::MANIFEST)?;
     let packs = index
         .packs
