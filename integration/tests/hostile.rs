@@ -455,6 +455,18 @@ fn main() {
     let c = Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"));
     c.import_busybox()
         .unwrap_or_else(|e| panic!("busybox: {e}"));
+    // The cases forge the snapshot's own form (one blob per file, memory whole), which pulls
+    // still take: the base is pushed in it, with options of its own. (A forged memory index
+    // is refused by rules unit tested in `runtime/src/snapshot/memory/index.rs`.)
+    let mut opts = chalk_runtime::options::RuntimeOptions::load(&c.options_path())
+        .unwrap_or_else(|e| panic!("options: {e}"));
+    opts.snapshot.push_pieces = false;
+    let whole = c.dir().join("push-whole.toml");
+    std::fs::write(
+        &whole,
+        toml::to_string(&opts).unwrap_or_else(|e| panic!("options: {e}")),
+    )
+    .unwrap_or_else(|e| panic!("options: {e}"));
     let env = Env { c };
     let source = "hostile-source";
     env.start_counter(source)
@@ -463,7 +475,11 @@ fn main() {
         .snapshot_of(source)
         .unwrap_or_else(|e| panic!("snapshot: {e:?}"));
     let push = |to: &str, extra: &[&str]| {
-        let mut cmd = env.c.chalkctl_command().expect("chalkctl is built");
+        let mut argv = env.c.chalkctl_argv().expect("chalkctl is built");
+        let at = argv.iter().position(|a| a == "--config").expect("--config") + 1;
+        argv[at] = whole.display().to_string();
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
         registry.client(&mut cmd);
         let mut args = vec!["snapshot", "push", "--snapshot-id", id.as_str(), to];
         args.extend_from_slice(extra);
