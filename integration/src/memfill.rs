@@ -46,6 +46,21 @@ pub fn import(c: &Containerd) -> io::Result<()> {
     c.import_with(MEMFILL_IMAGE, "memfill", &[("bin/memfill", 0o755, &binary)])
 }
 
+/// chalkctl's arguments that run memfill with `args` as sandbox `id` (no network).
+pub fn run_args<'a>(id: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut run = vec![
+        "run",
+        "--net",
+        "none",
+        MEMFILL_IMAGE,
+        id,
+        "--",
+        "/bin/memfill",
+    ];
+    run.extend_from_slice(args);
+    run
+}
+
 /// The command that fills `mb` megabytes and waits.
 pub fn command(mb: u64) -> Vec<String> {
     vec!["/bin/memfill".into(), mb.to_string()]

@@ -20,7 +20,7 @@ use std::{
 use chalk_integration::{
     bench::{machine, reap_orphans},
     containerd::program,
-    memfill::{self, MEMFILL_IMAGE},
+    memfill,
     registry::Secured,
     Containerd,
 };
@@ -126,16 +126,7 @@ fn ask(c: &Containerd, id: &str, signal: Option<&str>, path: &str) -> Result<Str
 }
 
 fn memfill_on(c: &Containerd, id: &str, args: &[&str]) -> Result<(), String> {
-    let mut run = vec![
-        "run",
-        "--net",
-        "none",
-        MEMFILL_IMAGE,
-        id,
-        "--",
-        "/bin/memfill",
-    ];
-    run.extend_from_slice(args);
+    let run = memfill::run_args(id, args);
     chalkctl(c, &run)?;
     ask(c, id, None, "/tmp/ready").map(drop)
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use chalk_integration::memfill::{self, MEMFILL_IMAGE};
+use chalk_integration::memfill;
 
 use super::*;
 
@@ -96,17 +96,8 @@ pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) 
             memfill::import(&host.c).map_err(|e| e.to_string())?;
         }
         let options = [options_of(&h.a)?, options_of(&h.b)?];
-        let run = [
-            "run",
-            "--net",
-            "none",
-            MEMFILL_IMAGE,
-            id,
-            "--",
-            "/bin/memfill",
-            "64",
-            "4",
-        ];
+        let (mb, change) = (MB.to_string(), CHANGE_MB.to_string());
+        let run = memfill::run_args(id, &[&mb, &change]);
         let out = h.a.chalkctl(&run);
         ensure!(out.code == 0, "run {id}: {out:?}");
         let ready = wait_file(&h.a, id, "/tmp/ready")?;
