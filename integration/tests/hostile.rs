@@ -140,6 +140,15 @@ impl Host {
 
     /// What a hostile pull may not leave: a record of `id`, a part in an ingest, a lazy blob,
     /// a restore directory.
+    /// How many requests the registry logged for blob `digest`.
+    fn registry_requests_for(&self, digest: &str) -> usize {
+        self.registry
+            .requests_since(0)
+            .iter()
+            .filter(|r| r.contains(&format!("/blobs/{digest}")))
+            .count()
+    }
+
     fn nothing_left(&self, id: &str) -> TestResult {
         let list = self.chalkctl(&["snapshot", "list", "-o", "json"]);
         ensure!(
@@ -356,6 +365,77 @@ fn hostile_sizes_are_refused_before_anything_is_allocated(h: &Host) -> TestResul
     )
 }
 
+/// A snapshot in the packed form whose memory index lies: a piece stored past the end of its
+/// pack, then an index for a memory file twice the manifest's. Refused naming the index,
+/// before any memory is fetched, with nothing left.
+fn a_forged_memory_index_is_refused(h: &Host) -> TestResult {
+    use chalk_runtime::snapshot::{memory, oci, packed};
+    let repo = "hostile/index";
+    // Every blob of the base linked into `repo` (its chalk manifest put back as it was).
+    let (i, chalk) = h.layer(oci::CHALK_MANIFEST)?;
+    let m = h.with_layer(repo, i, &chalk)?;
+    let plain = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
+    let plain_digest = h.registry.put_blob(repo, &plain)?;
+    let pack = b"not a pack";
+    let pack_digest = h.registry.put_blob(repo, pack)?;
+    let layers = m["layers"].as_array().ok_or("no layers")?;
+    let memory = layers
+        .iter()
+        .find(|l| l["annotations"][oci::TITLE] == "pages.img")
+        .ok_or("the base has no pages.img")?;
+    let size = memory["size"].as_u64().unwrap_or(0);
+    let descriptor = |media: &str, digest: &str, size: u64| serde_json::json!({"mediaType": media, "digest": digest, "size": size});
+    for (name, index_size, stored, why) in [
+        ("past-its-pack", size, 100, "which has 10 bytes"),
+        ("twice-the-file", size * 2, 10, "the memory file has"),
+    ] {
+        let index = serde_json::json!({
+            "size": index_size, "depth": 0, "packs": [pack_digest],
+            "pieces": [["ab".repeat(32), 4096, 0, 0, stored]],
+            "extents": [[0, 4096, 0, 0]],
+        });
+        let bytes = serde_json::to_vec(&index).map_err(|e| e.to_string())?;
+        let index_digest = h.registry.put_blob(repo, &bytes)?;
+        let mut sent = vec![descriptor(oci::MANIFEST, &plain_digest, plain.len() as u64)];
+        sent.extend(
+            layers
+                .iter()
+                .filter(|l| l["annotations"][oci::TITLE] != "pages.img")
+                .cloned(),
+        );
+        sent.push(descriptor(
+            memory::index::MEDIA_TYPE,
+            &index_digest,
+            bytes.len() as u64,
+        ));
+        sent.push(descriptor(
+            memory::pack::MEDIA_TYPE,
+            &pack_digest,
+            pack.len() as u64,
+        ));
+        let forged = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": oci::MANIFEST,
+            "artifactType": packed::ARTIFACT,
+            "config": m["config"],
+            "layers": sent,
+            "subject": m["subject"],
+        });
+        let reference = h.put(repo, &forged)?;
+        let out = h.chalkctl(&["snapshot", "pull", "--lazy", &reference]);
+        ensure!(
+            out.code != 0 && out.stderr.contains("its memory index") && out.stderr.contains(why),
+            "{name}: expected a refusal of the index saying {why:?}: {out:?}"
+        );
+        ensure!(
+            h.registry_requests_for(&pack_digest) == 0,
+            "{name}: the pack was fetched"
+        );
+        h.nothing_left(&plain_digest)?;
+    }
+    Ok(())
+}
+
 /// A registry whose manifest answer never stops: cut off at the cap, nothing kept.
 fn an_oversized_manifest_is_cut_off(h: &Host) -> TestResult {
     let liar =
@@ -508,5 +588,12 @@ fn main() {
         a_node_that_restores_pods_trusts_nothing_by_default,
         a_registry_that_never_ends_a_body_is_cut_off,
     ];
+    // Debian's runsc has no pages.img: its snapshots are never packed.
+    let mut all = all;
+    all.extend(
+        cases![a_forged_memory_index_is_refused]
+            .into_iter()
+            .map(|c| c.ignored_if(!testkit::current_runsc())),
+    );
     testkit::run(host, all, |_| Ok(()))
 }
