@@ -85,18 +85,9 @@ fn verify(e: &Env, id: &str) -> Result<String, Failed> {
 }
 
 fn run_memfill(e: &Env, id: &str) -> TestResult {
-    let mut args = vec![
-        "--output",
-        "json",
-        "run",
-        "--net",
-        "none",
-        MEMFILL_IMAGE,
-        id,
-        "--",
-    ];
-    let cmd = memfill::command(MB);
-    args.extend(cmd.iter().map(String::as_str));
+    let mb = MB.to_string();
+    let mut args = vec!["--output", "json"];
+    args.extend(memfill::run_args(id, &[&mb]));
     let out = e.chalkctl(&args);
     ensure!(out.code == 0, "run {id}: {out:?}");
     wait_for(e, id, "/tmp/ready", Duration::from_secs(120), |s| {

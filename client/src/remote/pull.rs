@@ -260,7 +260,8 @@ pub fn pull(
             let memory = layout.files.iter().find(|d| d.title() == Some(LAZY_FILE));
             let why = match memory {
                 Some(d) if store.has_blob(&d.digest) => return None,
-                Some(_) if sealed.is_some() || keys.is_some() => Some(
+                // Keys: an encrypted snapshot, in either form.
+                Some(_) if keys.is_some() => Some(
                     "it is encrypted (its memory is decrypted whole before the sandbox runs)"
                         .to_string(),
                 ),

@@ -27,6 +27,23 @@ pub fn timed<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<(Duration, T), E>
     Ok((started.elapsed(), out))
 }
 
+/// Waits, up to `within`, until no server of a memory file runs on host `c` (a lazy pull's
+/// blob is whole, or failed), so the next run starts from a quiet host.
+pub fn wait_arrived(c: &crate::Containerd, snapshot: &str, within: Duration) -> Result<(), String> {
+    let lazy = c.snapshot_store().join("lazy");
+    let deadline = Instant::now() + within;
+    while std::fs::read_dir(&lazy).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+    }) {
+        if Instant::now() > deadline {
+            return Err(format!("the memory of {snapshot} did not arrive"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
 /// The entrypoint every benchmarked sandbox runs: a counter written to a file.
 pub const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
 

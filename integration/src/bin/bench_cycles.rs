@@ -18,7 +18,7 @@ use std::{
 };
 
 use chalk_integration::{
-    bench::{machine, reap_orphans},
+    bench::{machine, reap_orphans, wait_arrived},
     containerd::program,
     memfill,
     registry::Secured,
@@ -168,22 +168,6 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-/// Waits until host `c` serves no memory file (a lazy pull's blob is whole).
-fn until_arrived(c: &Containerd) -> Result<(), String> {
-    let lazy = c.snapshot_store().join("lazy");
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while std::fs::read_dir(&lazy).is_ok_and(|d| {
-        d.flatten()
-            .any(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
-    }) {
-        if Instant::now() > deadline {
-            return Err("the memory did not arrive".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
 struct Line {
     what: String,
     value: String,
@@ -275,7 +259,7 @@ fn run(o: &Opts) -> Result<(), String> {
     if !verified_b.starts_with("ok ") {
         return Err(format!("the memory resumed on B: {verified_b}"));
     }
-    until_arrived(&b)?;
+    wait_arrived(&b, &last, Duration::from_secs(900))?;
     chalkctl(&b, &["rm", "--force", "--id", "big"])?;
     chalkctl(&a, &["rm", "--force", "--id", "big"])?;
 

@@ -30,6 +30,7 @@ use chalk_integration::{
         stats::Unit,
         timed,
         via_ctr::ViaCtr,
+        wait_arrived,
     },
     containerd::program,
     procs::first_line,
@@ -372,7 +373,7 @@ fn run_size(
             .push(mb(out["pulled"]["bytes_arriving"].as_u64().unwrap_or(0)));
         s.resume_lazy_loaded
             .extend(loaded_after(&on_b, &id, 1, took));
-        wait_arrived(b, &suspended)?;
+        wait_arrived(b, &suspended, Duration::from_secs(600))?;
 
         // Encrypted and signed: pushed from A, checked and pulled by B; suspended from B,
         // resumed on A (which first forgets the sandbox).
@@ -438,23 +439,6 @@ fn drop_big_files(dir: &Path) {
             _ => {}
         }
     }
-}
-
-/// Waits until no server of a memory file runs on host `c` (a lazy pull's blob is whole, or
-/// failed), so the next run starts from a quiet host.
-fn wait_arrived(c: &Containerd, snapshot: &str) -> Result<(), String> {
-    let lazy = c.snapshot_store().join("lazy");
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
-    while std::fs::read_dir(&lazy).is_ok_and(|d| {
-        d.flatten()
-            .any(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
-    }) {
-        if std::time::Instant::now() > deadline {
-            return Err(format!("the memory of {snapshot} did not arrive on B"));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Ok(())
 }
 
 fn write_report(o: &Opts, sections: &[(u64, Samples)]) -> Result<(), String> {

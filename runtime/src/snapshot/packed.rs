@@ -49,7 +49,8 @@ fn suffix(encrypted: bool) -> &'static str {
     }
 }
 
-fn pack_type(encrypted: bool) -> &'static str {
+/// The media type of a pack, encrypted or not.
+pub fn pack_type(encrypted: bool) -> &'static str {
     if encrypted {
         pack::SEALED_MEDIA_TYPE
     } else {
@@ -218,10 +219,6 @@ impl Packed {
             }
         }
         Ok(())
-    }
-
-    pub fn pack_type(&self) -> &'static str {
-        pack_type(self.encrypted)
     }
 
     /// The media type a layer of `plain_type` is sent as.

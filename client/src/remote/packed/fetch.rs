@@ -7,7 +7,6 @@
 use std::{
     collections::BTreeMap,
     fs::{File, OpenOptions},
-    io::Read,
     os::unix::fs::{FileExt, OpenOptionsExt},
     path::Path,
 };
@@ -18,9 +17,8 @@ use chalk_runtime::snapshot::memory::{
     pages::{PageDigest, PAGE, ZERO},
     MemoryIndex, PageTable,
 };
-use chalk_runtime::snapshot::store::Store;
+use chalk_runtime::snapshot::{hash, store::Store};
 use oci_client::Reference;
-use sha2::{Digest, Sha256};
 
 use super::super::{crypt, session::Session};
 use crate::{Error, Result};
@@ -217,7 +215,7 @@ pub fn fetch(
                 |i, bytes, digests| place(&bytes, &digests, &file, &uses[&i], &mut pages),
             )?;
         }
-        check_whole(&file, digest)?;
+        check_whole(part, digest)?;
         Ok(pages)
     })();
     if written.is_err() {
@@ -249,20 +247,10 @@ fn place(
 
 /// Refuses the file unless it hashes to `digest`: every piece matched its index, so a
 /// mismatch means the index and the snapshot's manifest disagree.
-fn check_whole(file: &File, digest: &str) -> Result<()> {
-    let mut h = Sha256::new();
-    let mut f = file;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| Error::from(format!("read back the memory file: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    let got = format!("sha256:{:x}", h.finalize());
+fn check_whole(path: &Path, digest: &str) -> Result<()> {
+    let whole = hash::hash_files(&[path.to_path_buf()], 1)
+        .map_err(|e| Error::from(format!("read back the memory file: {e}")))?;
+    let got = format!("sha256:{}", whole[0].sha256);
     if got != digest {
         return Err(Error::from(format!(
             "the memory put together from its pieces hashes to {got}, not {digest}: every \

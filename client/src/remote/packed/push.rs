@@ -165,7 +165,7 @@ pub fn push(
         .packs
         .iter()
         .zip(&pack_sizes)
-        .map(|(d, size)| Descriptor::new(packed_type(encrypted), d, *size))
+        .map(|(d, size)| Descriptor::new(packed::pack_type(encrypted), d, *size))
         .collect();
     let m = packed::manifest(packed::Parts {
         plain: &stored.oci,
@@ -223,14 +223,6 @@ fn send_small(
         t.moved(d.size);
     }
     Ok(d)
-}
-
-fn packed_type(encrypted: bool) -> &'static str {
-    if encrypted {
-        pack::SEALED_MEDIA_TYPE
-    } else {
-        pack::MEDIA_TYPE
-    }
 }
 
 fn nanos() -> u128 {
