@@ -298,6 +298,12 @@ pub fn pull(
                             sha256: Vec::new(),
                         }),
                         index: memory_index.clone(),
+                        vouched: memory_index.is_some()
+                            && store.catalog_vouches(
+                                &packed::push::repository_of(&r),
+                                &id,
+                                &packed_digest,
+                            ),
                         hosts_dir: access.hosts_dir.clone(),
                         plain_http: access.plain_http,
                         endpoint: s.endpoint.host.clone(),

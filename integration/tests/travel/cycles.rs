@@ -3,7 +3,9 @@
 //! resume, first on one host, then moving between two. Every push after the first sends little
 //! more than what the sandbox rewrote; the chain is cut at its depth; the registry grows by
 //! what changed; and once the older snapshots' manifests are deleted and the registry collects
-//! its garbage, the newest still restores: nothing it needs was freed.
+//! its garbage, the newest still restores: nothing it needs was freed. Halfway through the
+//! cycles on one host, the packs that host kept are damaged on disk: the resume reads its
+//! pieces checked, not as its own writing, and its memory is still right.
 
 use std::time::Duration;
 
@@ -20,6 +22,8 @@ const LOCAL: usize = 10;
 /// The chain's cut for this case (the default is longer than the cycles).
 const DEPTH: u32 = 8;
 const REPO: &str = "cycles/mf";
+/// The cycle before whose resume the packs host A kept are damaged on disk.
+const DAMAGED: usize = 5;
 
 fn exec(host: &Env, id: &str, script: &str) -> Result<String, String> {
     let out = host.chalkctl(&["exec", "--id", id, "--", "sh", "-c", script]);
@@ -81,6 +85,42 @@ fn options_with(
     Ok(path)
 }
 
+/// Changes a byte in the middle of every pack `host` kept, as a disk or another program might:
+/// the next resume there reads its pieces checked, finds them wrong, and fetches the
+/// registry's. Host A vouches for its own snapshots' indexes, which lets it read its kept
+/// packs unhashed only while they are as it kept them.
+fn damage_kept_packs(host: &Env) -> Result<(), Failed> {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let dir = host.c.snapshot_store().join("packs");
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_some() {
+            continue;
+        }
+        let mode = std::fs::metadata(&path)
+            .map_err(|e| e.to_string())?
+            .permissions();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| e.to_string())?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| e.to_string())?;
+        let at = file.metadata().map_err(|e| e.to_string())?.len() / 2;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at)
+            .map_err(|e| e.to_string())?;
+        file.write_all_at(&[byte[0] ^ 0xff], at)
+            .map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&path, mode).map_err(|e| e.to_string())?;
+        damaged += 1;
+    }
+    ensure!(damaged > 0, "no kept packs in {}", dir.display());
+    Ok(())
+}
+
 struct Pushed {
     moved: u64,
     depth: u32,
@@ -138,6 +178,9 @@ pub fn twenty_suspends_send_what_changed_and_gc_keeps_what_is_needed(h: &Hosts) 
                 depth,
                 reference: pushed.to_string(),
             });
+            if n == DAMAGED {
+                damage_kept_packs(host)?;
+            }
             let next = if n < LOCAL { on } else { 1 - on };
             let resumed = json(
                 &own.registry,

@@ -45,6 +45,9 @@ pub struct Fetch {
     pub whole: Mutex<(u64, Sha256)>,
     /// Where the file's bytes come from when its snapshot was pushed as pieces.
     pub from_pieces: Option<FromPieces>,
+    /// The host vouches for the pieces' index: each piece put together from it is the file's
+    /// own, so the whole is not hashed again.
+    pub vouched: bool,
 }
 
 /// Why a range was not fetched: worth another try, or never.
@@ -303,6 +306,9 @@ impl Fetch {
     pub fn check_whole(&self, wait_limit: Duration) -> Result<(), String> {
         self.arrivals
             .wait_quietly(0..self.arrivals.count(), wait_limit)?;
+        if self.vouched {
+            return Ok(());
+        }
         let mut whole = self.whole.lock().unwrap();
         self.catch_up(&mut whole)?;
         if whole.0 != self.arrivals.count() {

@@ -4,7 +4,10 @@
 //! ranges, as a whole pull does), each written where the index puts it, and a window counts
 //! once every piece it takes from is written. Every piece is checked against the index (which
 //! the manifest's digest pins) before a byte of it is written; the whole file is checked
-//! against the snapshot's digest before it becomes a blob (`fetch::check_whole`).
+//! against the snapshot's digest before it becomes a blob (`fetch::check_whole`). Where this
+//! host vouches for the index (it hashed that memory itself when it pushed or pulled it), the
+//! packs it kept are its own writing: their pieces are read unhashed and the whole file is
+//! not hashed again, so a resume where the sandbox was suspended costs no hashing.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -17,7 +20,7 @@ use chalk_runtime::snapshot::{memory::MemoryIndex, pieces::Pieces, store::Store}
 use oci_client::Reference;
 
 use crate::remote::{
-    packed::fetch::{fetch_run, runs, Run},
+    packed::fetch::{fetch_run, runs, Kept, Run},
     session::Session,
 };
 
@@ -27,18 +30,33 @@ const KEPT: usize = 32;
 pub struct FromPieces {
     pub index: MemoryIndex,
     kept: Mutex<VecDeque<(usize, Arc<Vec<u8>>)>>,
-    /// The packs this host kept, by their index in the index's packs.
-    packs_here: Vec<Option<PathBuf>>,
+    /// The packs this host kept, by their index in the index's packs, each with whether its
+    /// pieces may be read unhashed: the host vouches for the index and the pack is unchanged.
+    packs_here: Vec<Option<(PathBuf, bool)>>,
 }
 
 impl FromPieces {
-    pub fn new(index: MemoryIndex, store: &Store) -> FromPieces {
-        let packs_here = index.packs.iter().map(|d| store.kept_pack(d)).collect();
+    pub fn new(index: MemoryIndex, store: &Store, vouched: bool) -> FromPieces {
+        let packs_here = index
+            .packs
+            .iter()
+            .map(|d| {
+                let path = store.kept_pack(d)?;
+                Some((path, vouched && store.kept_pack_unchanged(d)))
+            })
+            .collect();
         FromPieces {
             index,
             kept: Mutex::new(VecDeque::new()),
             packs_here,
         }
+    }
+
+    fn here(&self, pack: usize) -> Option<Kept<'_>> {
+        self.packs_here[pack].as_ref().map(|(path, vouched)| Kept {
+            path,
+            vouched: *vouched,
+        })
     }
 
     fn kept(&self, i: usize) -> Option<Arc<Vec<u8>>> {
@@ -91,11 +109,18 @@ impl FromPieces {
             }
         }
         for r in runs(index, wanted) {
-            let here = self.packs_here[r.pack()].as_deref();
-            fetch_run(session, reference, index, &r, None, here, |i, bytes, _| {
-                got.insert(i, Arc::new(bytes));
-                Ok(())
-            })
+            fetch_run(
+                session,
+                reference,
+                index,
+                &r,
+                None,
+                self.here(r.pack()),
+                |i, bytes, _| {
+                    got.insert(i, Arc::new(bytes));
+                    Ok(())
+                },
+            )
             .map_err(trouble)?;
         }
         let mut out = Vec::with_capacity((run.end - run.start) as usize);
@@ -141,14 +166,13 @@ impl FromPieces {
         run: &Run,
     ) -> Result<Vec<Placed>, Trouble> {
         let mut out = Vec::with_capacity(run.pieces().len());
-        let here = self.packs_here[run.pack()].as_deref();
         fetch_run(
             session,
             reference,
             &self.index,
             run,
             None,
-            here,
+            self.here(run.pack()),
             |piece, bytes, _| {
                 out.push(Placed { piece, bytes });
                 Ok(())

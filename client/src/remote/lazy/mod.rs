@@ -44,6 +44,10 @@ pub struct Job {
     /// fetched by range from blob `digest`).
     #[serde(default)]
     pub index: Option<chalk_runtime::snapshot::memory::MemoryIndex>,
+    /// This host vouches for `index` (`Store::catalog_vouches`): the packs it kept are read
+    /// unhashed, and the whole file is not hashed again.
+    #[serde(default)]
+    pub vouched: bool,
     pub hosts_dir: PathBuf,
     pub plain_http: bool,
     /// The endpoint (host[:port]) the pull fetched from.

@@ -107,10 +107,11 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
         arrivals: arrivals.clone(),
         data: data.clone(),
         whole: Default::default(),
+        vouched: job.vouched && job.index.is_some(),
         from_pieces: job
             .index
             .clone()
-            .map(|i| super::from_pieces::FromPieces::new(i, &store)),
+            .map(|i| super::from_pieces::FromPieces::new(i, &store, job.vouched)),
     });
     // The first piece proves the registry serves ranges (and the credentials work) before
     // anything depends on this server.

@@ -76,6 +76,15 @@ pub fn runs(index: &MemoryIndex, wanted: impl IntoIterator<Item = usize>) -> Vec
     out
 }
 
+/// A pack this host kept when it pushed it.
+#[derive(Clone, Copy)]
+pub struct Kept<'a> {
+    pub path: &'a Path,
+    /// The host vouches for the index (`Store::catalog_vouches`): the pack's pieces are read
+    /// unhashed, and come with no page digests.
+    pub vouched: bool,
+}
+
 /// Fetches `run` in one ranged request and hands each of its pieces, opened (decrypted with
 /// `keys` where sealed) and checked, to `each` with its page digests, as it completes. Read
 /// from `kept` instead, where this host kept the pack, unless a piece there does not check.
@@ -85,10 +94,10 @@ pub fn fetch_run(
     index: &MemoryIndex,
     run: &Run,
     keys: Option<&crypt::Keys>,
-    kept: Option<&Path>,
+    kept: Option<Kept<'_>>,
     mut each: impl FnMut(usize, Vec<u8>, Vec<PageDigest>) -> Result<()>,
 ) -> Result<()> {
-    if let Some(opened) = kept.and_then(|path| read_kept(path, index, run, keys)) {
+    if let Some(opened) = kept.and_then(|k| read_kept(k, index, run, keys)) {
         for (i, bytes, pages) in opened {
             each(i, bytes, pages)?;
         }
@@ -132,15 +141,15 @@ pub fn fetch_run(
 /// A piece opened: its index, bytes and page digests.
 type Opened = (usize, Vec<u8>, Vec<PageDigest>);
 
-/// The pieces of `run` from the kept pack at `path`, each checked; None if any is not there
-/// or does not check (then the registry's are fetched).
+/// The pieces of `run` from the kept pack, each checked unless vouched for; None if any is
+/// not there or does not check (then the registry's are fetched).
 fn read_kept(
-    path: &Path,
+    kept: Kept<'_>,
     index: &MemoryIndex,
     run: &Run,
     keys: Option<&crypt::Keys>,
 ) -> Option<Vec<Opened>> {
-    let file = File::open(path).ok()?;
+    let file = File::open(kept.path).ok()?;
     let mut bytes = vec![0u8; run.len as usize];
     file.read_exact_at(&mut bytes, run.offset).ok()?;
     let mut at = 0usize;
@@ -150,6 +159,10 @@ fn read_kept(
             let piece = &index.pieces[i];
             let stored = bytes.get(at..at + piece.stored as usize)?;
             at += piece.stored as usize;
+            if kept.vouched {
+                let b = opened(stored, keys).ok()?;
+                return Some((i, pack::decompress(&b, piece).ok()?, Vec::new()));
+            }
             let (b, p) = open(piece, stored, keys).ok()?;
             Some((i, b, p))
         })
@@ -162,15 +175,15 @@ fn open(
     stored: &[u8],
     keys: Option<&crypt::Keys>,
 ) -> Result<(Vec<u8>, Vec<PageDigest>)> {
-    let opened;
-    let frame = match keys {
-        Some(keys) => {
-            opened = crypt::decrypt_any(keys, stored)?;
-            &opened[..]
-        }
-        None => stored,
-    };
-    pack::open(frame, piece).map_err(Error::from)
+    pack::open(&opened(stored, keys)?, piece).map_err(Error::from)
+}
+
+/// The zstd frame of what a pack holds for a piece: decrypted where sealed.
+fn opened<'a>(stored: &'a [u8], keys: Option<&crypt::Keys>) -> Result<std::borrow::Cow<'a, [u8]>> {
+    Ok(match keys {
+        Some(keys) => std::borrow::Cow::Owned(crypt::decrypt_any(keys, stored)?),
+        None => std::borrow::Cow::Borrowed(stored),
+    })
 }
 
 /// Writes the memory file `index` describes to `part` (a new file, root-only) from the packs
@@ -211,7 +224,10 @@ pub fn fetch(
                 index,
                 &run,
                 keys,
-                kept.as_deref(),
+                kept.as_deref().map(|path| Kept {
+                    path,
+                    vouched: false,
+                }),
                 |i, bytes, digests| place(&bytes, &digests, &file, &uses[&i], &mut pages),
             )?;
         }

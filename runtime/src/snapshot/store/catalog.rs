@@ -94,6 +94,23 @@ impl Store {
         self.catalog_entries_in(&self.catalog_dir(repository))
     }
 
+    /// Whether this host vouches for packed snapshot `packed` (id `id`) of `repository`: it
+    /// has the entry with the page digests of its memory, which it hashed itself (from the
+    /// memory file it pushed, or one it pulled and checked whole). The index that entry
+    /// holds then puts that very file together, and the packs this host kept for it are
+    /// its own writing: a restore may read them unhashed.
+    pub fn catalog_vouches(&self, repository: &str, id: &str, packed: &str) -> bool {
+        let Some(hex) = oci::sha256_hex_of(id) else {
+            return false;
+        };
+        let dir = self.catalog_dir(repository);
+        dir.join(format!("{hex}.pages")).is_file()
+            && self
+                .catalog_entries_in(&dir)
+                .iter()
+                .any(|e| e.id == id && e.packed == packed)
+    }
+
     /// The directories of the repositories this host keeps entries of.
     pub(super) fn catalog_repositories(&self) -> Vec<PathBuf> {
         fs::read_dir(self.root.join("catalog"))
@@ -206,5 +223,29 @@ mod tests {
             pages
         );
         assert!(store.catalog_entries("nowhere").is_empty());
+    }
+
+    #[test]
+    fn only_an_entry_with_its_page_digests_and_the_same_packed_form_vouches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let pages = PageTable {
+            size: 4096,
+            pages: vec![[3; 32]],
+        };
+        let hashed = entry(1, 1);
+        let mut unhashed = entry(2, 2);
+        unhashed.packed = format!("sha256:{}", "ee".repeat(32));
+        store
+            .catalog_save("reg:5000/a/b", &hashed, Some(&pages))
+            .unwrap();
+        store.catalog_save("reg:5000/a/b", &unhashed, None).unwrap();
+        assert!(store.catalog_vouches("reg:5000/a/b", &hashed.id, &hashed.packed));
+        // Pulled lazily: nobody here hashed its memory.
+        assert!(!store.catalog_vouches("reg:5000/a/b", &unhashed.id, &unhashed.packed));
+        // The same id in another packed form (another index), or another repository.
+        assert!(!store.catalog_vouches("reg:5000/a/b", &hashed.id, &unhashed.packed));
+        assert!(!store.catalog_vouches("reg:5000/c", &hashed.id, &hashed.packed));
+        assert!(!store.catalog_vouches("reg:5000/a/b", "not a digest", &hashed.packed));
     }
 }

@@ -1,16 +1,23 @@
 //! Packs this host pushed, kept beside the catalog that names them: a later pull of a
 //! snapshot whose pieces are in one (the same sandbox resumed here after `suspend --to
 //! --release`) reads them from disk instead of the registry. Every piece read from a kept pack
-//! is checked against its digest as one from the registry is; a pack no catalog entry names
-//! goes at the next gc.
+//! is checked against its digest as one from the registry is, unless the host vouches for the
+//! snapshot's index (`Store::catalog_vouches`) and the pack is as it was kept (its identity,
+//! as for a verified blob: the same inode, size and times, since this boot). A pack no catalog
+//! entry names goes at the next gc.
 //!
 //! ```text
-//! <root>/packs/<hex>    a pack as pushed (0400)
+//! <root>/packs/<hex>         a pack as pushed (0400)
+//! <root>/packs/<hex>.seen    its identity when it was kept
 //! ```
 
 use std::{collections::BTreeSet, fs, path::Path, path::PathBuf};
 
-use super::{layout::make_private_dir, Store};
+use super::{
+    layout::{make_private_dir, write_atomic},
+    verify::identity,
+    Store,
+};
 use crate::{snapshot::oci, Error, Result};
 
 impl Store {
@@ -26,13 +33,32 @@ impl Store {
         let to = self.packs_dir().join(hex);
         fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o400))
             .and_then(|_| fs::rename(file, &to))
+            .and_then(|_| fs::metadata(&to))
             .map_err(|e| Error::io(format!("keep pack {}", file.display()), e))
+            .and_then(|meta| {
+                write_atomic(
+                    &self.packs_dir().join(format!("{hex}.seen")),
+                    identity(&meta).as_bytes(),
+                    0o600,
+                )
+            })
     }
 
     /// The kept pack `digest`, if this host has it.
     pub fn kept_pack(&self, digest: &str) -> Option<PathBuf> {
         let path = self.packs_dir().join(oci::sha256_hex_of(digest)?);
         path.exists().then_some(path)
+    }
+
+    /// Whether kept pack `digest` is as it was when kept (nothing wrote or replaced it, and
+    /// the host has not rebooted since, which may have lost pages not yet on disk).
+    pub fn kept_pack_unchanged(&self, digest: &str) -> bool {
+        let Some(hex) = oci::sha256_hex_of(digest) else {
+            return false;
+        };
+        let seen = fs::read_to_string(self.packs_dir().join(format!("{hex}.seen")));
+        let now = fs::metadata(self.packs_dir().join(hex)).map(|m| identity(&m));
+        matches!((seen, now), (Ok(a), Ok(b)) if a == b)
     }
 
     /// Removes the kept packs no catalog entry names: their bytes freed.
@@ -50,9 +76,9 @@ impl Store {
         let mut freed = 0;
         for entry in list.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !named.contains(&name) {
+            if !named.contains(name.trim_end_matches(".seen")) {
                 let size = entry.metadata().map_or(0, |m| m.len());
-                if fs::remove_file(entry.path()).is_ok() {
+                if fs::remove_file(entry.path()).is_ok() && !name.ends_with(".seen") {
                     freed += size;
                 }
             }
@@ -79,7 +105,13 @@ mod tests {
             fs::write(&file, b"frames").unwrap();
             store.keep_pack(&file, d).unwrap();
             assert!(store.kept_pack(d).is_some());
+            assert!(store.kept_pack_unchanged(d));
         }
+        // Anything done to a kept pack (here its mode: a new change time) and it is read as
+        // any pack from a registry is, checked piece by piece.
+        let kept = store.kept_pack(&other).unwrap();
+        fs::set_permissions(&kept, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        assert!(!store.kept_pack_unchanged(&other));
         let entry = CatalogEntry {
             id: format!("sha256:{}", "c".repeat(64)),
             packed: format!("sha256:{}", "d".repeat(64)),
@@ -105,7 +137,14 @@ mod tests {
         let report = store.gc(&[]).unwrap();
         assert_eq!(report.bytes_freed, 6);
         assert!(store.kept_pack(&named).is_some());
+        assert!(store.kept_pack_unchanged(&named));
         assert!(store.kept_pack(&other).is_none());
+        assert!(!store.kept_pack_unchanged(&other));
+        assert!(!dir
+            .path()
+            .join("packs")
+            .join(format!("{}.seen", "b".repeat(64)))
+            .exists());
         assert!(store.kept_pack("sha256:nope").is_none());
     }
 }

@@ -160,7 +160,7 @@ impl Store {
 
 /// What identifies a blob's content without reading it: a change to any of these (a write, a
 /// replaced file, a reboot that may have lost unflushed pages) means hashing it again.
-fn identity(meta: &fs::Metadata) -> String {
+pub(super) fn identity(meta: &fs::Metadata) -> String {
     format!(
         "boot {} dev {} ino {} size {} mtime {}.{} ctime {}.{}\n",
         boot_id(),
