@@ -137,6 +137,8 @@ pub struct Timings {
     pub fresh_small: f64,
     pub resume_small: f64,
     pub suspend_big: f64,
+    /// The second suspend of the 1 GB pod, after its resume on the other node.
+    pub suspend_big_again: f64,
     pub resume_big: f64,
     pub fork_big: f64,
     pub fresh_big: f64,
