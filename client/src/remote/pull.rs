@@ -304,6 +304,8 @@ pub fn pull(
                                 &id,
                                 &packed_digest,
                             ),
+                        snapshot_id: Some(id.clone()),
+                        packed: Some(packed_digest.clone()),
                         hosts_dir: access.hosts_dir.clone(),
                         plain_http: access.plain_http,
                         endpoint: s.endpoint.host.clone(),

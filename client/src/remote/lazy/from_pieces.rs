@@ -16,16 +16,24 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use chalk_runtime::snapshot::{memory::MemoryIndex, pieces::Pieces, store::Store};
+use chalk_runtime::snapshot::memory::{
+    index::Extent,
+    pages::{PageDigest, ZERO},
+    MemoryIndex, PageTable,
+};
+use chalk_runtime::snapshot::{pieces::Pieces, store::Store};
 use oci_client::Reference;
 
 use crate::remote::{
-    packed::fetch::{fetch_run, runs, Kept, Run},
+    packed::fetch::{fetch_run, place_digests, runs, Kept, Run},
     session::Session,
 };
 
 /// Opened pieces kept for the windows after (a piece's extents often reach into the next).
 const KEPT: usize = 32;
+/// The largest memory file whose page digests are gathered as it arrives (a digest per 4 KiB:
+/// 128 MiB of them here); a larger one is hashed by the push that needs them.
+const PAGES_UP_TO: u64 = 16 << 30;
 
 pub struct FromPieces {
     pub index: MemoryIndex,
@@ -33,6 +41,11 @@ pub struct FromPieces {
     /// The packs this host kept, by their index in the index's packs, each with whether its
     /// pieces may be read unhashed: the host vouches for the index and the pack is unchanged.
     packs_here: Vec<Option<(PathBuf, bool)>>,
+    /// The extents that take from each piece.
+    uses: Vec<Vec<Extent>>,
+    /// The page digests of the file, from each checked piece's, and which pieces gave theirs:
+    /// once all did, the next push from here needs not hash this memory again.
+    pages: Mutex<(PageTable, Vec<bool>)>,
 }
 
 impl FromPieces {
@@ -45,11 +58,50 @@ impl FromPieces {
                 Some((path, vouched && store.kept_pack_unchanged(d)))
             })
             .collect();
+        let mut uses: Vec<Vec<Extent>> = vec![Vec::new(); index.pieces.len()];
+        for e in &index.extents {
+            uses[e.piece as usize].push(*e);
+        }
+        let gathered = index.size <= PAGES_UP_TO;
+        let pages = PageTable {
+            size: index.size,
+            pages: vec![
+                ZERO;
+                if gathered {
+                    PageTable::count_for(index.size) as usize
+                } else {
+                    0
+                }
+            ],
+        };
+        let noted = vec![false; if gathered { index.pieces.len() } else { 0 }];
         FromPieces {
             index,
             kept: Mutex::new(VecDeque::new()),
             packs_here,
+            uses,
+            pages: Mutex::new((pages, noted)),
         }
+    }
+
+    /// Records the page digests of checked piece `i` (none: read unhashed, not recorded).
+    fn note(&self, i: usize, digests: &[PageDigest]) {
+        if digests.is_empty() {
+            return;
+        }
+        let mut pages = self.pages.lock().unwrap();
+        let (table, noted) = &mut *pages;
+        if noted.get(i) == Some(&false) {
+            place_digests(digests, &self.uses[i], table);
+            noted[i] = true;
+        }
+    }
+
+    /// The file's page digests, once every piece was checked (not when any was read unhashed).
+    pub fn page_table(&self) -> Option<PageTable> {
+        let pages = self.pages.lock().unwrap();
+        let gathered = pages.1.len() == self.index.pieces.len();
+        (gathered && pages.1.iter().all(|n| *n)).then(|| pages.0.clone())
     }
 
     fn here(&self, pack: usize) -> Option<Kept<'_>> {
@@ -116,7 +168,8 @@ impl FromPieces {
                 &r,
                 None,
                 self.here(r.pack()),
-                |i, bytes, _| {
+                |i, bytes, digests| {
+                    self.note(i, &digests);
                     got.insert(i, Arc::new(bytes));
                     Ok(())
                 },
@@ -173,7 +226,8 @@ impl FromPieces {
             run,
             None,
             self.here(run.pack()),
-            |piece, bytes, _| {
+            |piece, bytes, digests| {
+                self.note(piece, &digests);
                 out.push(Placed { piece, bytes });
                 Ok(())
             },

@@ -48,6 +48,13 @@ pub struct Job {
     /// unhashed, and the whole file is not hashed again.
     #[serde(default)]
     pub vouched: bool,
+    /// The snapshot's id, under which the memory's page digests are recorded once it is all
+    /// here and checked.
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+    /// The digest of the packed form whose index the server puts the memory together by.
+    #[serde(default)]
+    pub packed: Option<String>,
     pub hosts_dir: PathBuf,
     pub plain_http: bool,
     /// The endpoint (host[:port]) the pull fetched from.

@@ -173,12 +173,29 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
     }
     // A complete file stays a moment for a restore that linked it just before.
     if outcome.is_ok() {
+        remember_pages(job, &fetch, &store);
         std::thread::sleep(GRACE);
     }
     unmount(&mountpoint, CLOSE_WAIT);
     let _ = session.join();
     lazy.finish();
     outcome.map_err(Error::from)
+}
+
+/// Records the page digests of a packed snapshot's memory, all of it here and checked (each
+/// piece against the index, the whole against the snapshot's digest), so the next push of its
+/// sandbox from this host needs not hash its parent's memory again, and a resume here reads
+/// the packs it then keeps unhashed. Best effort.
+fn remember_pages(job: &Job, fetch: &Fetch, store: &Store) {
+    let (Some(id), Some(packed), Some(source)) =
+        (&job.snapshot_id, &job.packed, &fetch.from_pieces)
+    else {
+        return;
+    };
+    if let Some(pages) = source.page_table() {
+        let repository = crate::remote::packed::push::repository_of(&fetch.reference);
+        let _ = store.catalog_pages_save(&repository, id, &pages, Some(packed));
+    }
 }
 
 /// Fails serving once it has no reason to go on: its deadline passed, its readers are gone

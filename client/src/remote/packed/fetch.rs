@@ -252,13 +252,23 @@ fn place(
         let slice = &bytes[e.at as usize..(e.at + e.len) as usize];
         file.write_all_at(slice, e.offset)
             .map_err(|err| Error::from(format!("write the memory file: {err}")))?;
+    }
+    place_digests(digests, extents, pages);
+    Ok(())
+}
+
+/// Records where a piece's page digests `digests` land in the file, by its `extents`.
+pub fn place_digests(digests: &[PageDigest], extents: &[Extent], pages: &mut PageTable) {
+    for e in extents {
         if e.offset.is_multiple_of(PAGE) && e.at.is_multiple_of(PAGE) {
             for k in 0..e.len.div_ceil(PAGE) {
-                pages.pages[(e.offset / PAGE + k) as usize] = digests[(e.at / PAGE + k) as usize];
+                let (to, from) = ((e.offset / PAGE + k) as usize, (e.at / PAGE + k) as usize);
+                if let (Some(slot), Some(d)) = (pages.pages.get_mut(to), digests.get(from)) {
+                    *slot = *d;
+                }
             }
         }
     }
-    Ok(())
 }
 
 /// Refuses the file unless it hashes to `digest`: every piece matched its index, so a

@@ -294,7 +294,7 @@ fn pages_of(store: &Store, repository: &str, e: &CatalogEntry) -> Option<PageTab
         .ok()
         .filter(|p| p.exists())?;
     let pages = PageTable::of_file(&path, 0).ok()?;
-    let _ = store.catalog_pages_save(repository, &e.id, &pages);
+    let _ = store.catalog_pages_save(repository, &e.id, &pages, None);
     Some(pages)
 }
 

@@ -7,6 +7,8 @@
 //! ```text
 //! <root>/catalog/<repository key>/<id hex>.json    the entry (root-only)
 //! <root>/catalog/<repository key>/<id hex>.pages   the page digests of its memory
+//! <root>/catalog/<repository key>/<id hex>.vouched the packed form whose index this host
+//!                                                  saw put that memory together
 //! ```
 //!
 //! The newest [`KEEP`] entries of a repository are kept; the page digests say what memory
@@ -63,7 +65,8 @@ impl Store {
     }
 
     /// Records `entry` of `repository` (`registry/name`) with its page digests, and drops
-    /// the oldest past [`KEEP`].
+    /// the oldest past [`KEEP`]. Page digests given here are of the memory the entry's index
+    /// puts together (pushed from it, or pulled and checked whole): the host vouches for it.
     pub fn catalog_save(
         &self,
         repository: &str,
@@ -77,6 +80,7 @@ impl Store {
         make_private_dir(&dir)?;
         if let Some(pages) = pages {
             write_atomic(&dir.join(format!("{hex}.pages")), &pages.to_bytes(), 0o600)?;
+            self.catalog_vouch(&dir, hex, &entry.packed)?;
         }
         let json = serde_json::to_vec(entry).map_err(|e| Error::parse("catalog entry", e))?;
         write_atomic(&dir.join(format!("{hex}.json")), &json, 0o600)?;
@@ -84,6 +88,7 @@ impl Store {
             if let Some(hex) = oci::sha256_hex_of(&old.id) {
                 let _ = fs::remove_file(dir.join(format!("{hex}.json")));
                 let _ = fs::remove_file(dir.join(format!("{hex}.pages")));
+                let _ = fs::remove_file(dir.join(format!("{hex}.vouched")));
             }
         }
         Ok(())
@@ -95,20 +100,27 @@ impl Store {
     }
 
     /// Whether this host vouches for packed snapshot `packed` (id `id`) of `repository`: it
-    /// has the entry with the page digests of its memory, which it hashed itself (from the
-    /// memory file it pushed, or one it pulled and checked whole). The index that entry
-    /// holds then puts that very file together, and the packs this host kept for it are
-    /// its own writing: a restore may read them unhashed.
+    /// saw that packed form's index put together the memory whose digest the id names (it
+    /// built the index from the memory it pushed, or checked the whole file a pull put
+    /// together), and has the page digests of that memory. The packs this host kept for it
+    /// are its own writing: a restore may read them unhashed. Another packed form of the
+    /// same id (another index) is not vouched for.
     pub fn catalog_vouches(&self, repository: &str, id: &str, packed: &str) -> bool {
         let Some(hex) = oci::sha256_hex_of(id) else {
             return false;
         };
         let dir = self.catalog_dir(repository);
         dir.join(format!("{hex}.pages")).is_file()
-            && self
-                .catalog_entries_in(&dir)
-                .iter()
-                .any(|e| e.id == id && e.packed == packed)
+            && fs::read_to_string(dir.join(format!("{hex}.vouched")))
+                .is_ok_and(|v| v.trim() == packed)
+    }
+
+    fn catalog_vouch(&self, dir: &std::path::Path, hex: &str, packed: &str) -> Result<()> {
+        write_atomic(
+            &dir.join(format!("{hex}.vouched")),
+            packed.as_bytes(),
+            0o600,
+        )
     }
 
     /// The directories of the repositories this host keeps entries of.
@@ -138,15 +150,25 @@ impl Store {
         out
     }
 
-    /// Records the page digests of snapshot `id` of `repository`, found after its entry.
-    pub fn catalog_pages_save(&self, repository: &str, id: &str, pages: &PageTable) -> Result<()> {
+    /// Records the page digests of snapshot `id` of `repository`, found after its entry;
+    /// with `put_together_by`, the packed form whose index put that memory together (every
+    /// piece and the whole file checked): the host vouches for it from then on.
+    pub fn catalog_pages_save(
+        &self,
+        repository: &str,
+        id: &str,
+        pages: &PageTable,
+        put_together_by: Option<&str>,
+    ) -> Result<()> {
         let hex = oci::sha256_hex_of(id)
             .ok_or_else(|| super::store_error(&self.root, format!("{id:?} is not a digest")))?;
-        write_atomic(
-            &self.catalog_dir(repository).join(format!("{hex}.pages")),
-            &pages.to_bytes(),
-            0o600,
-        )
+        let dir = self.catalog_dir(repository);
+        make_private_dir(&dir)?;
+        write_atomic(&dir.join(format!("{hex}.pages")), &pages.to_bytes(), 0o600)?;
+        match put_together_by {
+            Some(packed) => self.catalog_vouch(&dir, hex, packed),
+            None => Ok(()),
+        }
     }
 
     /// The page digests recorded with snapshot `id` of `repository`.
@@ -214,7 +236,7 @@ mod tests {
             .catalog_pages("reg:5000/other", &entry(50, 0).id)
             .is_err());
         store
-            .catalog_pages_save("reg:5000/other", &entry(50, 0).id, &pages)
+            .catalog_pages_save("reg:5000/other", &entry(50, 0).id, &pages, None)
             .unwrap();
         assert_eq!(
             store
@@ -241,10 +263,26 @@ mod tests {
             .unwrap();
         store.catalog_save("reg:5000/a/b", &unhashed, None).unwrap();
         assert!(store.catalog_vouches("reg:5000/a/b", &hashed.id, &hashed.packed));
-        // Pulled lazily: nobody here hashed its memory.
+        // Pulled lazily, still arriving: nobody here saw its index put its memory together.
         assert!(!store.catalog_vouches("reg:5000/a/b", &unhashed.id, &unhashed.packed));
-        // The same id in another packed form (another index), or another repository.
-        assert!(!store.catalog_vouches("reg:5000/a/b", &hashed.id, &unhashed.packed));
+        // Its page digests from the memory file in the store: the file, not the index.
+        store
+            .catalog_pages_save("reg:5000/a/b", &unhashed.id, &pages, None)
+            .unwrap();
+        assert!(!store.catalog_vouches("reg:5000/a/b", &unhashed.id, &unhashed.packed));
+        // Once all of it arrived, every piece and the whole checked.
+        store
+            .catalog_pages_save("reg:5000/a/b", &unhashed.id, &pages, Some(&unhashed.packed))
+            .unwrap();
+        assert!(store.catalog_vouches("reg:5000/a/b", &unhashed.id, &unhashed.packed));
+        // The same id pulled again in another packed form (another index): its entry now
+        // names that form, but the host saw only the first put the memory together.
+        let mut again = hashed.clone();
+        again.packed = format!("sha256:{}", "dd".repeat(32));
+        store.catalog_save("reg:5000/a/b", &again, None).unwrap();
+        assert!(!store.catalog_vouches("reg:5000/a/b", &again.id, &again.packed));
+        assert!(store.catalog_vouches("reg:5000/a/b", &hashed.id, &hashed.packed));
+        // Another repository, or no digest.
         assert!(!store.catalog_vouches("reg:5000/c", &hashed.id, &hashed.packed));
         assert!(!store.catalog_vouches("reg:5000/a/b", "not a digest", &hashed.packed));
     }
