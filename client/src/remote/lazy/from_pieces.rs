@@ -251,3 +251,56 @@ fn trouble(e: crate::Error) -> Trouble {
         Trouble::Again(text)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chalk_runtime::snapshot::memory::{index::PieceRef, pages::PAGE};
+
+    fn piece(len: u64) -> PieceRef {
+        PieceRef {
+            digest: "ab".repeat(32),
+            len,
+            pack: 0,
+            offset: 0,
+            stored: len,
+        }
+    }
+
+    #[test]
+    fn page_digests_are_whole_once_every_piece_gave_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        // Four pages: page 0 from piece 1, pages 1-2 from piece 0, page 3 a hole of zeros.
+        let index = MemoryIndex {
+            size: 4 * PAGE,
+            depth: 0,
+            packs: vec![format!("sha256:{}", "cd".repeat(32))],
+            pieces: vec![piece(2 * PAGE), piece(PAGE)],
+            extents: vec![
+                Extent {
+                    offset: 0,
+                    len: PAGE,
+                    piece: 1,
+                    at: 0,
+                },
+                Extent {
+                    offset: PAGE,
+                    len: 2 * PAGE,
+                    piece: 0,
+                    at: 0,
+                },
+            ],
+        };
+        let source = FromPieces::new(index, &store, false);
+        source.note(0, &[[1; 32], [2; 32]]);
+        assert!(source.page_table().is_none(), "piece 1 gave nothing yet");
+        // Read unhashed (a vouched pack): no digests, nothing recorded.
+        source.note(1, &[]);
+        assert!(source.page_table().is_none());
+        source.note(1, &[[3; 32]]);
+        let table = source.page_table().unwrap();
+        assert_eq!(table.size, 4 * PAGE);
+        assert_eq!(table.pages, vec![[3; 32], [1; 32], [2; 32], ZERO]);
+    }
+}
