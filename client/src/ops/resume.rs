@@ -46,27 +46,19 @@ pub fn resume_with(
     let removed = crate::records::sandboxes::removed_left_task(client, &container)?;
     let p = parts(client, &snapshots::find(client, &digest)?.index)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    if removed {
+        // The shim of the task just removed may still be on its way out. containerd unpacks a
+        // checkpoint before it checks that no task has the id, and never removes what it
+        // unpacked when that check fails (containerd 2.4, services/tasks/local.go): a Create
+        // tried meanwhile would leave that directory behind (FLAKES.md row 25).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        crate::records::sandboxes::wait_task_gone(client, id, deadline)?;
+    }
     let pid = progress.during(
         &format!("restoring {id} from {}", crate::progress::short(&digest)),
-        || loop {
-            let started = match io {
-                Some((io, size)) => {
-                    client.start_task_with(&container, Some(&p.checkpoint), io, size)
-                }
-                None => client.start_task(&container, Some(&p.checkpoint)),
-            };
-            match started {
-                // The shim of the task just removed may still be on its way out.
-                Err(e)
-                    if removed
-                        && e.to_string().contains("already exists")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                }
-                other => break other,
-            }
+        || match io {
+            Some((io, size)) => client.start_task_with(&container, Some(&p.checkpoint), io, size),
+            None => client.start_task(&container, Some(&p.checkpoint)),
         },
     )?;
     client.set_container_label(id, chalk_labels::SUSPENDED_FROM, None)?;

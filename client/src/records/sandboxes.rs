@@ -83,6 +83,26 @@ pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
     }
 }
 
+/// Waits until sandbox `id` has no task at all (a task whose shim is on its way out still
+/// answers, or fails to), or `deadline` passes: then it says which task is still there.
+pub fn wait_task_gone(client: &Client, id: &str, deadline: std::time::Instant) -> Result<()> {
+    loop {
+        let left = match client.task_status(id) {
+            Ok(None) => return Ok(()),
+            Ok(Some((status, _))) => status,
+            Err(e) => e.to_string(),
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the task {id} had before its suspend is still there ({left}): try the resume \
+                 again in a moment"
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Whether a task in `status` is the one a suspend of `c` stopped.
 fn left_by_suspend(status: &str, c: &Container) -> bool {
     status == "stopped" && c.labels.contains_key(chalk_labels::SUSPENDED_FROM)
