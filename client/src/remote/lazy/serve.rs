@@ -184,8 +184,7 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
 
 /// Records the page digests of a packed snapshot's memory, all of it here and checked (each
 /// piece against the index, the whole against the snapshot's digest), so the next push of its
-/// sandbox from this host needs not hash its parent's memory again, and a resume here reads
-/// the packs it then keeps unhashed. Best effort.
+/// sandbox from this host needs not hash its parent's memory again. Best effort.
 fn remember_pages(job: &Job, fetch: &Fetch, store: &Store) {
     let (Some(id), Some(packed), Some(source)) =
         (&job.snapshot_id, &job.packed, &fetch.from_pieces)
