@@ -248,7 +248,7 @@ mod tests {
     }
 
     #[test]
-    fn only_an_entry_with_its_page_digests_and_the_same_packed_form_vouches() {
+    fn only_a_packed_form_whose_index_put_the_memory_together_is_vouched_for() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let pages = PageTable {
