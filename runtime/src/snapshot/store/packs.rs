@@ -14,8 +14,8 @@
 use std::{collections::BTreeSet, fs, path::Path, path::PathBuf};
 
 use super::{
-    layout::{make_private_dir, write_atomic},
-    verify::identity,
+    layout::make_private_dir,
+    verify::{identity_recorded, record_identity_at},
     Store,
 };
 use crate::{snapshot::oci, Error, Result};
@@ -33,15 +33,8 @@ impl Store {
         let to = self.packs_dir().join(hex);
         fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o400))
             .and_then(|_| fs::rename(file, &to))
-            .and_then(|_| fs::metadata(&to))
-            .map_err(|e| Error::io(format!("keep pack {}", file.display()), e))
-            .and_then(|meta| {
-                write_atomic(
-                    &self.packs_dir().join(format!("{hex}.seen")),
-                    identity(&meta).as_bytes(),
-                    0o600,
-                )
-            })
+            .map_err(|e| Error::io(format!("keep pack {}", file.display()), e))?;
+        record_identity_at(&to, &self.packs_dir().join(format!("{hex}.seen")))
     }
 
     /// The kept pack `digest`, if this host has it.
@@ -56,9 +49,8 @@ impl Store {
         let Some(hex) = oci::sha256_hex_of(digest) else {
             return false;
         };
-        let seen = fs::read_to_string(self.packs_dir().join(format!("{hex}.seen")));
-        let now = fs::metadata(self.packs_dir().join(hex)).map(|m| identity(&m));
-        matches!((seen, now), (Ok(a), Ok(b)) if a == b)
+        fs::metadata(self.packs_dir().join(hex))
+            .is_ok_and(|m| identity_recorded(&self.packs_dir().join(format!("{hex}.seen")), &m))
     }
 
     /// Removes the kept packs no catalog entry names: their bytes freed.

@@ -91,7 +91,7 @@ impl Store {
                     &format!("{} bytes", meta.len()),
                 ));
             }
-            if self.identity_of(&f.sha256).as_deref() != Some(&identity(&meta)) {
+            if !identity_recorded(&self.root.join("verified").join(&f.sha256), &meta) {
                 unsure.push(f);
             }
         }
@@ -132,10 +132,6 @@ impl Store {
         store_error(&self.root, format!("snapshot {digest}: {why}"))
     }
 
-    fn identity_of(&self, hex: &str) -> Option<String> {
-        fs::read_to_string(self.root.join("verified").join(hex)).ok()
-    }
-
     /// Records again what the blobs of `m` look like, after links to their inodes (which
     /// change their change times) were made or removed by the store itself.
     pub fn record_identities(&self, m: &Manifest) -> Result<()> {
@@ -147,20 +143,27 @@ impl Store {
 
     /// Records what blob `hex` looks like now that its content is known to match its name.
     pub(super) fn record_identity(&self, hex: &str) -> Result<()> {
-        let blob = self.root.join("blobs/sha256").join(hex);
-        let meta =
-            fs::metadata(&blob).map_err(|e| Error::io(format!("stat {}", blob.display()), e))?;
-        write_atomic(
+        record_identity_at(
+            &self.root.join("blobs/sha256").join(hex),
             &self.root.join("verified").join(hex),
-            identity(&meta).as_bytes(),
-            0o600,
         )
     }
 }
 
+/// Records at `record` what `file` looks like now (its content known to be right).
+pub(super) fn record_identity_at(file: &Path, record: &Path) -> Result<()> {
+    let meta = fs::metadata(file).map_err(|e| Error::io(format!("stat {}", file.display()), e))?;
+    write_atomic(record, identity(&meta).as_bytes(), 0o600)
+}
+
+/// Whether a file that looks as `meta` says is the one `record` was made of.
+pub(super) fn identity_recorded(record: &Path, meta: &fs::Metadata) -> bool {
+    fs::read_to_string(record).is_ok_and(|r| r == identity(meta))
+}
+
 /// What identifies a blob's content without reading it: a change to any of these (a write, a
 /// replaced file, a reboot that may have lost unflushed pages) means hashing it again.
-pub(super) fn identity(meta: &fs::Metadata) -> String {
+fn identity(meta: &fs::Metadata) -> String {
     format!(
         "boot {} dev {} ino {} size {} mtime {}.{} ctime {}.{}\n",
         boot_id(),
