@@ -172,12 +172,8 @@ impl Fetch {
     /// index puts it; a window counts once every piece it takes from is written (one of zeros
     /// at once).
     fn in_pack_order(&self, source: &FromPieces) {
-        let index = &source.index;
         let windows = self.arrivals.count() as usize;
-        let mut uses: Vec<Vec<Extent>> = vec![Vec::new(); index.pieces.len()];
-        for e in &index.extents {
-            uses[e.piece as usize].push(*e);
-        }
+        let uses = &source.uses;
         let window_size = self.pieces.size.max(1);
         let touched = |exts: &[Extent]| -> BTreeSet<u64> {
             exts.iter()
@@ -185,7 +181,7 @@ impl Fetch {
                 .collect()
         };
         let mut pending = vec![0u32; windows];
-        for exts in &uses {
+        for exts in uses {
             for w in touched(exts) {
                 pending[w as usize] += 1;
             }

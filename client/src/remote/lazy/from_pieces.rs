@@ -42,7 +42,7 @@ pub struct FromPieces {
     /// pieces may be read unhashed: the host vouches for the index and the pack is unchanged.
     packs_here: Vec<Option<(PathBuf, bool)>>,
     /// The extents that take from each piece.
-    uses: Vec<Vec<Extent>>,
+    pub uses: Vec<Vec<Extent>>,
     /// The page digests of the file, from each checked piece's, and which pieces gave theirs:
     /// once all did, the next push from here needs not hash this memory again.
     pages: Mutex<(PageTable, Vec<bool>)>,
@@ -58,10 +58,7 @@ impl FromPieces {
                 Some((path, vouched && store.kept_pack_unchanged(d)))
             })
             .collect();
-        let mut uses: Vec<Vec<Extent>> = vec![Vec::new(); index.pieces.len()];
-        for e in &index.extents {
-            uses[e.piece as usize].push(*e);
-        }
+        let uses = index.extents_by_piece();
         let gathered = index.size <= PAGES_UP_TO;
         let pages = PageTable {
             size: index.size,

@@ -5,7 +5,6 @@
 //! against the snapshot's own digest of it before the store may name it by that digest.
 
 use std::{
-    collections::BTreeMap,
     fs::{File, OpenOptions},
     os::unix::fs::{FileExt, OpenOptionsExt},
     path::Path,
@@ -208,10 +207,7 @@ pub fn fetch(
             .map_err(|e| Error::from(format!("{}: {e}", part.display())))?;
         file.set_len(index.size)
             .map_err(|e| Error::from(format!("{}: {e}", part.display())))?;
-        let mut uses: BTreeMap<usize, Vec<Extent>> = BTreeMap::new();
-        for e in &index.extents {
-            uses.entry(e.piece as usize).or_default().push(*e);
-        }
+        let uses = index.extents_by_piece();
         let mut pages = PageTable {
             size: index.size,
             pages: vec![ZERO; PageTable::count_for(index.size) as usize],
@@ -228,7 +224,7 @@ pub fn fetch(
                     path,
                     vouched: false,
                 }),
-                |i, bytes, digests| place(&bytes, &digests, &file, &uses[&i], &mut pages),
+                |i, bytes, digests| place(&bytes, &digests, &file, &uses[i], &mut pages),
             )?;
         }
         check_whole(part, digest)?;

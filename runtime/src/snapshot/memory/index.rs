@@ -219,6 +219,18 @@ impl MemoryIndex {
         &self.extents[first..last.max(first)]
     }
 
+    /// The extents that take from each piece, by the piece's place in `pieces`: where its
+    /// bytes go once it is opened.
+    pub fn extents_by_piece(&self) -> Vec<Vec<Extent>> {
+        let mut uses = vec![Vec::new(); self.pieces.len()];
+        for e in &self.extents {
+            if let Some(u) = uses.get_mut(e.piece as usize) {
+                u.push(*e);
+            }
+        }
+        uses
+    }
+
     /// Bytes of memory the pieces hold (what a whole fetch decompresses).
     pub fn piece_bytes(&self) -> u64 {
         self.pieces.iter().map(|p| p.len).sum()
@@ -303,6 +315,15 @@ mod tests {
         assert_eq!(i.zero_bytes(), 5 * PAGE);
         assert_eq!(i.piece_bytes(), 5 * PAGE);
         assert_eq!(i.stored_bytes(), 300);
+    }
+
+    #[test]
+    fn each_piece_gets_the_extents_that_take_from_it_in_file_order() {
+        let i = index();
+        let uses = i.extents_by_piece();
+        assert_eq!(uses.len(), 2);
+        assert_eq!(uses[0], vec![i.extents[0]]);
+        assert_eq!(uses[1], vec![i.extents[1], i.extents[2]]);
     }
 
     #[test]
