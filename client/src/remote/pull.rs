@@ -298,12 +298,6 @@ pub fn pull(
                             sha256: Vec::new(),
                         }),
                         index: memory_index.clone(),
-                        vouched: memory_index.is_some()
-                            && store.catalog_vouches(
-                                &packed::push::repository_of(&r),
-                                &id,
-                                &packed_digest,
-                            ),
                         snapshot_id: Some(id.clone()),
                         packed: Some(packed_digest.clone()),
                         hosts_dir: access.hosts_dir.clone(),

@@ -45,9 +45,6 @@ pub struct Fetch {
     pub whole: Mutex<(u64, Sha256)>,
     /// Where the file's bytes come from when its snapshot was pushed as pieces.
     pub from_pieces: Option<FromPieces>,
-    /// The host vouches for the pieces' index: each piece put together from it is the file's
-    /// own, so the whole is not hashed again.
-    pub vouched: bool,
 }
 
 /// Why a range was not fetched: worth another try, or never.
@@ -302,7 +299,9 @@ impl Fetch {
     pub fn check_whole(&self, wait_limit: Duration) -> Result<(), String> {
         self.arrivals
             .wait_quietly(0..self.arrivals.count(), wait_limit)?;
-        if self.vouched {
+        // A vouched-for index puts together the very file this host hashed: each piece of it
+        // is the file's own, so the whole is not hashed again.
+        if self.from_pieces.as_ref().is_some_and(|s| s.vouched) {
             return Ok(());
         }
         let mut whole = self.whole.lock().unwrap();

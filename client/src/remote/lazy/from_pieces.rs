@@ -43,9 +43,12 @@ pub struct FromPieces {
     packs_here: Vec<Option<(PathBuf, bool)>>,
     /// The extents that take from each piece.
     pub uses: Vec<Vec<Extent>>,
+    /// This host vouches for the index (`Store::catalog_vouches`).
+    pub vouched: bool,
     /// The page digests of the file, from each checked piece's, and which pieces gave theirs:
-    /// once all did, the next push from here needs not hash this memory again.
-    pages: Mutex<(PageTable, Vec<bool>)>,
+    /// once all did, the next push from here needs not hash this memory again. None past
+    /// [`PAGES_UP_TO`].
+    pages: Option<Mutex<(PageTable, Vec<bool>)>>,
 }
 
 impl FromPieces {
@@ -59,36 +62,31 @@ impl FromPieces {
             })
             .collect();
         let uses = index.extents_by_piece();
-        let gathered = index.size <= PAGES_UP_TO;
-        let pages = PageTable {
-            size: index.size,
-            pages: vec![
-                ZERO;
-                if gathered {
-                    PageTable::count_for(index.size) as usize
-                } else {
-                    0
-                }
-            ],
-        };
-        let noted = vec![false; if gathered { index.pieces.len() } else { 0 }];
+        let pages = (index.size <= PAGES_UP_TO).then(|| {
+            let table = PageTable {
+                size: index.size,
+                pages: vec![ZERO; PageTable::count_for(index.size) as usize],
+            };
+            Mutex::new((table, vec![false; index.pieces.len()]))
+        });
         FromPieces {
             index,
             kept: Mutex::new(VecDeque::new()),
             packs_here,
             uses,
-            pages: Mutex::new((pages, noted)),
+            vouched,
+            pages,
         }
     }
 
     /// Records the page digests of checked piece `i` (none: read unhashed, not recorded).
     fn note(&self, i: usize, digests: &[PageDigest]) {
-        if digests.is_empty() {
+        let Some(pages) = self.pages.as_ref().filter(|_| !digests.is_empty()) else {
             return;
-        }
-        let mut pages = self.pages.lock().unwrap();
+        };
+        let mut pages = pages.lock().unwrap();
         let (table, noted) = &mut *pages;
-        if noted.get(i) == Some(&false) {
+        if !noted[i] {
             place_digests(digests, &self.uses[i], table);
             noted[i] = true;
         }
@@ -96,9 +94,8 @@ impl FromPieces {
 
     /// The file's page digests, once every piece was checked (not when any was read unhashed).
     pub fn page_table(&self) -> Option<PageTable> {
-        let pages = self.pages.lock().unwrap();
-        let gathered = pages.1.len() == self.index.pieces.len();
-        (gathered && pages.1.iter().all(|n| *n)).then(|| pages.0.clone())
+        let pages = self.pages.as_ref()?.lock().unwrap();
+        pages.1.iter().all(|n| *n).then(|| pages.0.clone())
     }
 
     fn here(&self, pack: usize) -> Option<Kept<'_>> {

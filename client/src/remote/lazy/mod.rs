@@ -44,12 +44,8 @@ pub struct Job {
     /// fetched by range from blob `digest`).
     #[serde(default)]
     pub index: Option<chalk_runtime::snapshot::memory::MemoryIndex>,
-    /// This host vouches for `index` (`Store::catalog_vouches`): the packs it kept are read
-    /// unhashed, and the whole file is not hashed again.
-    #[serde(default)]
-    pub vouched: bool,
-    /// The snapshot's id, under which the memory's page digests are recorded once it is all
-    /// here and checked.
+    /// The snapshot's id: whether this host vouches for the packed form (and then reads the
+    /// packs it kept unhashed) and where the memory's page digests go once all checked.
     #[serde(default)]
     pub snapshot_id: Option<String>,
     /// The digest of the packed form whose index the server puts the memory together by.

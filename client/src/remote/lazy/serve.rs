@@ -98,6 +98,7 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
         job.pieces.count_for(job.size),
         Some(Box::new(move |why: &str| note.write(why))),
     ));
+    let vouched = vouched_for(job, &reference, &store);
     let fetch = Arc::new(Fetch {
         session: Arc::new(session),
         reference,
@@ -107,11 +108,10 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
         arrivals: arrivals.clone(),
         data: data.clone(),
         whole: Default::default(),
-        vouched: job.vouched && job.index.is_some(),
         from_pieces: job
             .index
             .clone()
-            .map(|i| super::from_pieces::FromPieces::new(i, &store, job.vouched)),
+            .map(|i| super::from_pieces::FromPieces::new(i, &store, vouched)),
     });
     // The first piece proves the registry serves ranges (and the credentials work) before
     // anything depends on this server.
@@ -180,6 +180,18 @@ fn serve(job: &Job, ready: &mut dyn FnMut()) -> Result<()> {
     let _ = session.join();
     lazy.finish();
     outcome.map_err(Error::from)
+}
+
+/// Whether this host vouches for the packed form whose index the job puts the memory
+/// together by (`Store::catalog_vouches`).
+fn vouched_for(job: &Job, reference: &oci_client::Reference, store: &Store) -> bool {
+    match (&job.snapshot_id, &job.packed) {
+        (Some(id), Some(packed)) => {
+            let repository = crate::remote::packed::push::repository_of(reference);
+            store.catalog_vouches(&repository, id, packed)
+        }
+        _ => false,
+    }
 }
 
 /// Records the page digests of a packed snapshot's memory, all of it here and checked (each
