@@ -43,17 +43,9 @@ pub fn resume_with(
         return Err(format!("sandbox {id} is not suspended").into());
     };
     // An interrupted suspend may have left the stopped task behind.
-    let removed = crate::records::sandboxes::removed_left_task(client, &container)?;
+    crate::records::sandboxes::left_task_gone(client, &container)?;
     let p = parts(client, &snapshots::find(client, &digest)?.index)?;
     client.lease(&format!("chalkctl-resume-{id}"))?;
-    if removed {
-        // The shim of the task just removed may still be on its way out. containerd unpacks a
-        // checkpoint before it checks that no task has the id, and never removes what it
-        // unpacked when that check fails (containerd 2.4, services/tasks/local.go): a Create
-        // tried meanwhile would leave that directory behind (FLAKES.md row 25).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        crate::records::sandboxes::wait_task_gone(client, id, deadline)?;
-    }
     let pid = progress.during(
         &format!("restoring {id} from {}", crate::progress::short(&digest)),
         || match io {

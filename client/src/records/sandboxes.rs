@@ -52,7 +52,7 @@ const SUSPEND_REMOVES_ITS_TASK: std::time::Duration = std::time::Duration::from_
 
 /// The task of sandbox `c` (its status and pid). The stopped task of a sandbox labelled
 /// suspended is its suspend's, which removes it just after the label (or, interrupted, left
-/// it for [`removed_left_task`]): the sandbox reads suspended. A reader never removes it:
+/// it for [`left_task_gone`]): the sandbox reads suspended. A reader never removes it:
 /// `chalkctl get`, polled while a suspend runs, would delete the task as the suspend does,
 /// and two deletes of one task at once can leave containerd's bundle directory behind
 /// (FLAKES.md row 7).
@@ -62,10 +62,16 @@ pub fn task_of(client: &Client, c: &Container) -> Result<Option<(String, u32)>> 
         .filter(|(status, _)| !left_by_suspend(status, c)))
 }
 
+/// How long the shim of a removed task may take to go once its task is removed.
+const REMOVED_TASK_GOES: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// For a resume: waits for the suspend that labelled `c` to remove the task its checkpoint
-/// stopped, and removes it itself once that suspend has had [`SUSPEND_REMOVES_ITS_TASK`]
-/// (it was interrupted). Whether there was such a task (its shim may still be on its way out).
-pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
+/// stopped (removing it itself once that suspend has had [`SUSPEND_REMOVES_ITS_TASK`]: it was
+/// interrupted), then for that task's shim to be gone. containerd unpacks a checkpoint before
+/// it checks that no task has the id, and never removes what it unpacked when that check fails
+/// (containerd 2.4, services/tasks/local.go): a restore's Create tried while the old shim is
+/// on its way out would leave that directory behind (FLAKES.md row 25).
+pub fn left_task_gone(client: &Client, c: &Container) -> Result<()> {
     let deadline = std::time::Instant::now() + SUSPEND_REMOVES_ITS_TASK;
     let mut seen = false;
     loop {
@@ -74,18 +80,20 @@ pub fn removed_left_task(client: &Client, c: &Container) -> Result<bool> {
                 seen = true;
                 if std::time::Instant::now() >= deadline {
                     client.delete_stopped_task(&c.id)?;
-                    return Ok(true);
+                    break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            _ => return Ok(seen),
+            _ if seen => break,
+            _ => return Ok(()),
         }
     }
+    wait_task_gone(client, &c.id, std::time::Instant::now() + REMOVED_TASK_GOES)
 }
 
 /// Waits until sandbox `id` has no task at all (a task whose shim is on its way out still
 /// answers, or fails to), or `deadline` passes: then it says which task is still there.
-pub fn wait_task_gone(client: &Client, id: &str, deadline: std::time::Instant) -> Result<()> {
+fn wait_task_gone(client: &Client, id: &str, deadline: std::time::Instant) -> Result<()> {
     loop {
         let left = match client.task_status(id) {
             Ok(None) => return Ok(()),
