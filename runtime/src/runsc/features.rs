@@ -103,6 +103,13 @@ impl Features {
         self.restore_flags.contains("share-pages")
     }
 
+    /// Whether a checkpoint of a sandbox restored with `--share-pages` can write only the
+    /// memory that is not its base's (`checkpoint --base-pages`: packaging/gvisor's patch
+    /// 0003; see [`super::delta`]).
+    pub fn checkpoint_base_pages(&self) -> bool {
+        self.checkpoint_flags.contains("base-pages")
+    }
+
     /// The checkpoint flags that give the three-file, uncompressed image a lazy restore and
     /// the store need, where this runsc has the choice (`--compression`; none is the default
     /// of later builds, said anyway).
@@ -393,5 +400,12 @@ mod tests {
             "  -restore\n",
         );
         assert!(patched.share_pages());
+        assert!(!new.checkpoint_base_pages() && !patched.checkpoint_base_pages());
+        let delta = Features::default().with_checkpoint_help(
+            "  -base-pages string
+    	write only pages not backed
+",
+        );
+        assert!(delta.checkpoint_base_pages());
     }
 }

@@ -3,6 +3,7 @@
 //! and turns failures into errors that carry runsc's own reason (read back from its JSON log).
 
 pub mod args;
+pub mod delta;
 pub mod features;
 mod output;
 pub mod probe;

@@ -12,7 +12,7 @@ use std::{
 
 use chalk_hooks::Stage;
 use chalk_runtime::{
-    runsc::{LeaveRunning, MemoryLoad},
+    runsc::{delta, LeaveRunning, MemoryLoad},
     snapshot::{
         describe::describe,
         dir,
@@ -392,8 +392,7 @@ impl Sandboxes {
     }
 
     fn checkpoint_in_place(&self, c: &Container, dir: &Path, was_paused: bool) -> Result<()> {
-        c.runtime
-            .checkpoint(&c.id, dir, true, &checkpoint_flags(c))?;
+        checkpoint_to(c, dir, true)?;
         // The sandbox must read as containerd last saw it: paused stays paused.
         let now = c.runtime.state(&c.id)?;
         let pid = c.state.lock().unwrap().init.pid;
@@ -426,10 +425,7 @@ impl Sandboxes {
         };
         // Its client must not read end-of-file between the two sandboxes.
         let held = crate::io::hold_outputs(&stdio);
-        if let Err(e) = c
-            .runtime
-            .checkpoint(&c.id, dir, false, &checkpoint_flags(c))
-        {
+        if let Err(e) = checkpoint_to(c, dir, false) {
             // A failed save ends the sandbox on this runsc (at once, if it does).
             let alive = (0..10).all(|_| {
                 std::thread::sleep(Duration::from_millis(100));
@@ -489,9 +485,7 @@ impl Sandboxes {
         let _no_terminal_helpers = c.terminal_gate.lock().unwrap();
         self.end_execs(c);
         self.begin_checkpoint(c)?;
-        let checkpointed = c
-            .runtime
-            .checkpoint(&c.id, dir, false, &checkpoint_flags(c));
+        let checkpointed = checkpoint_to(c, dir, false);
         self.end_checkpoint(c);
         checkpointed?;
         let (pid, exit) = {
@@ -511,12 +505,40 @@ impl Sandboxes {
     }
 }
 
-/// This checkpoint's own runsc flags: the GPU handoff's, and the uncompressed image that the
-/// store and lazy restores read.
-fn checkpoint_flags(c: &Container) -> Vec<String> {
+/// Has runsc checkpoint `c` into `dir`. Where `c` maps the pages file it was restored from
+/// (`--share-pages`) and this runsc can, runsc writes only the memory that is not that file's
+/// (a delta: the source's pause and the bytes written scale with what changed), and the shim
+/// then puts `pages.img` together from the two. `dir` is an ordinary image either way.
+fn checkpoint_to(c: &Container, dir: &Path, leave_running: bool) -> chalk_runtime::Result<()> {
     let mut flags = crate::gpu::runsc_flags(c);
     flags.extend(c.features.uncompressed_checkpoint_flags());
-    flags
+    let base = delta_base(c);
+    if let Some(base) = &base {
+        flags.push(format!("--base-pages={}", base.display()));
+    }
+    c.runtime.checkpoint(&c.id, dir, leave_running, &flags)?;
+    if let Some(base) = base {
+        let started = Instant::now();
+        let runs = delta::assemble(dir, &base)?;
+        log::info!(
+            "container {}: delta checkpoint: {} of {} bytes of memory taken from {}, put \
+             together in {} ms",
+            c.id,
+            runs.from_base(),
+            runs.size,
+            base.display(),
+            started.elapsed().as_millis()
+        );
+    }
+    Ok(())
+}
+
+/// The pages file a checkpoint of `c` can be a delta against: the one its sandbox maps, held
+/// in the store for as long as the container lives (see `keep_while_mapped`).
+fn delta_base(c: &Container) -> Option<PathBuf> {
+    let from = c.restore_from.as_ref()?;
+    (from.memory.share_pages && c.features.checkpoint_base_pages())
+        .then(|| from.dir.join("pages.img"))
 }
 
 /// Runs the hooks of `stage` with the sandbox running.
