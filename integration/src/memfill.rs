@@ -66,6 +66,11 @@ pub fn command(mb: u64) -> Vec<String> {
     vec!["/bin/memfill".into(), mb.to_string()]
 }
 
+/// memfill holding `mb` MB, of which SIGUSR2 rewrites the first `change_mb`.
+pub fn command_changing(mb: u64, change_mb: u64) -> Vec<String> {
+    vec!["/bin/memfill".into(), mb.to_string(), change_mb.to_string()]
+}
+
 /// What `path` in a memfill sandbox holds once written, within `within`: `read` runs a shell
 /// script in the sandbox and gives its output.
 pub fn wait_written(

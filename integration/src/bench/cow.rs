@@ -133,9 +133,14 @@ fn host_memory() -> Mem {
 
 /// A sandbox holding `mb` MB of `kind`, snapshotted and removed: the snapshot's digest.
 fn snapshot_of(chalk: &ViaCtr, kind: Kind, mb: u64, id: &str) -> Result<String, String> {
+    snapshot_running(chalk, &kind.command(mb), id)
+}
+
+/// A sandbox running `cmd` in the memfill image, snapshotted once it is ready and removed: the
+/// snapshot's digest.
+fn snapshot_running(chalk: &ViaCtr, cmd: &[String], id: &str) -> Result<String, String> {
     chalk.remove(id);
     let mut args = vec!["run", "--net", "none", MEMFILL_IMAGE, id, "--"];
-    let cmd = kind.command(mb);
     args.extend(cmd.iter().map(String::as_str));
     let made = (|| {
         chalk.chalkctl(&args)?;
@@ -359,6 +364,91 @@ fn rewrite_rows(pair: &Pair, mb: u64, reps: usize, rows: &mut Vec<Row>) -> Resul
     Ok(())
 }
 
+/// Has memfill in `id` rewrite its changing part, and waits until it has.
+fn rewrite(chalk: &ViaCtr, id: &str) -> Result<(), String> {
+    let out = chalk.c.ctr([
+        "task",
+        "exec",
+        "--exec-id",
+        "usr2",
+        id,
+        "sh",
+        "-c",
+        "rm -f /tmp/rewritten; kill -USR2 1",
+    ]);
+    if out.code != 0 {
+        return Err(format!("{id}: kill -USR2 1: {out:?}"));
+    }
+    chalk.wait_file(id, "/tmp/rewritten", Duration::from_secs(600))
+}
+
+/// `reps` snapshots of running sandbox `id`, each after `before` ran: how long runsc's
+/// checkpoint took each time (the source's pause, the CLI's start and end included).
+fn snapshot_pauses(
+    chalk: &ViaCtr,
+    id: &str,
+    reps: usize,
+    before: impl Fn() -> Result<(), String>,
+) -> Result<Vec<f64>, String> {
+    let mut paused = Vec::new();
+    for nth in 0..reps {
+        before()?;
+        let (_, digest, _) = chalk.snapshot(id)?;
+        chalk.delete_snapshot(&digest);
+        let t = chalk
+            .timing("checkpoint", id, nth)
+            .ok_or_else(|| format!("{id}: no checkpoint timing in the shim's log"))?;
+        paused.push(t.get("runsc_ms").copied().unwrap_or_default());
+    }
+    Ok(paused)
+}
+
+/// A fork that rewrote `change` MB of its `mb` MB, snapshotted while it runs, against a
+/// sandbox of only `change` MB: runsc's checkpoint, `reps` each. On runsc-cow the fork maps
+/// its snapshot's pages, and its checkpoint writes only the memory that is not theirs (patch
+/// 0003, `checkpoint --base-pages`).
+fn delta_rows(
+    pair: &Pair,
+    (mb, change): (u64, u64),
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    for (runsc, chalk) in pair.both() {
+        let digest = snapshot_running(chalk, &memfill::command_changing(mb, change), "cowd-src")?;
+        let id = "cowd";
+        let forked = (|| {
+            fork(chalk, &digest, id, 1)?;
+            snapshot_pauses(chalk, id, reps, || rewrite(chalk, id))
+        })();
+        chalk.remove(id);
+        chalk.delete_snapshot(&digest);
+        let small = "cowd-small";
+        let alone = (|| {
+            let mut args = vec!["run", "--net", "none", MEMFILL_IMAGE, small, "--"];
+            let cmd = memfill::command(change);
+            args.extend(cmd.iter().map(String::as_str));
+            chalk.chalkctl(&args)?;
+            chalk.wait_file(small, "/tmp/ready", Duration::from_secs(600))?;
+            snapshot_pauses(chalk, small, reps, || Ok(()))
+        })();
+        chalk.remove(small);
+        rows.push((
+            format!(
+                "snapshot of a running fork that rewrote {change} of {mb} MB: runsc checkpoint, \
+                 {runsc}"
+            ),
+            Unit::Millis,
+            forked?,
+        ));
+        rows.push((
+            format!("snapshot of a {change} MB sandbox: runsc checkpoint, {runsc}"),
+            Unit::Millis,
+            alone?,
+        ));
+    }
+    Ok(())
+}
+
 /// The shared-memory group: memory with 1, 8 and 16 forks of a 1 GB snapshot of each kind,
 /// fork time at 256 MB, 1 GB and 4 GB, and the rewrite worst case; `quick` shrinks it to a
 /// smoke run.
@@ -373,6 +463,8 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
     memory_rows(pair, mb, counts, &mut rows, &mut breakdown)?;
     fork_time_rows(pair, sizes, reps, &mut rows)?;
     rewrite_rows(pair, mb, reps, &mut rows)?;
+    let change = if quick { 4 } else { 16 };
+    delta_rows(pair, (mb, change), reps, &mut rows)?;
     let median = |label: &str| {
         rows.iter()
             .find(|(l, _, _)| l == label)
@@ -398,6 +490,22 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
             )
         })
         .collect();
+    let pauses: Vec<String> = ["patched", "unpatched"]
+        .iter()
+        .map(|runsc| {
+            let fork = median(&format!(
+                "snapshot of a running fork that rewrote {change} of {mb} MB: runsc checkpoint, \
+                 {runsc}"
+            ));
+            let small = median(&format!(
+                "snapshot of a {change} MB sandbox: runsc checkpoint, {runsc}"
+            ));
+            format!(
+                "{runsc}, {fork:.0} ms against {small:.0} ms ({:.2}x)",
+                fork / small.max(f64::EPSILON)
+            )
+        })
+        .collect();
     Ok(Plain {
         title: "Forks that share memory".into(),
         about: format!(
@@ -414,9 +522,13 @@ pub fn measure(quick: bool, reps: usize, pair: &Pair) -> Result<Plain, String> {
              check of every page; `cat` of the file). Fork to running: `chalkctl fork \
              --snapshot-id`, {reps} forks each. Rewrite: a fork that writes every page of its \
              memory at once, from the fork's start to the rewrite's end. {}. Where the memory \
-             went: {}.",
+             went: {}. A snapshot of a running fork that rewrote {change} MB of its {mb} MB \
+             since the fork, against one of a sandbox of {change} MB, as runsc's checkpoint \
+             (the source's pause; runsc-cow writes only what is not its snapshot's pages, \
+             patch 0003): {}.",
             ratios.join("; "),
-            breakdown.join("; ")
+            breakdown.join("; "),
+            pauses.join("; ")
         ),
         rows,
     })
