@@ -2,8 +2,10 @@
 //! packaging/gvisor, built by scripts/peers as runsc-cow), a snapshot's forks map its memory
 //! copy-on-write: process memory, and files in the sandbox's memory. Each fork's memory is
 //! checked page by page and each file by its sum, the forks together hold no copy of either
-//! until one writes, and a snapshot of a fork restores. On a runsc without the flag the
-//! cases are ignored: the rest of the suites cover it.
+//! until one writes, and a snapshot of a fork restores. A snapshot of a fork has runsc write
+//! only the memory the fork changed (`checkpoint --base-pages`, patch 0003), and restores
+//! page for page. On a runsc without the flag the cases are ignored: the rest of the suites
+//! cover it.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,7 @@ fn main() {
     let all = cases![
         forks_share_memory_until_they_write,
         a_snapshot_of_a_fork_restores_and_shares,
+        a_snapshot_of_a_fork_writes_only_what_it_changed,
         files_in_memory_share_until_written,
         a_local_git_clone_works_and_survives_a_fork,
     ]
@@ -174,6 +177,90 @@ fn a_snapshot_of_a_fork_restores_and_shares(e: &Env) -> TestResult {
             let v = verify(e, id)?;
             ensure!(v == "ok 0", "{id}: {v}");
         }
+        Ok(())
+    })();
+    e.conclude(result, &ids, &snapshots)
+}
+
+/// The shim's `chalk-timing op=checkpoint` figures of `id`'s checkpoints, in order, from
+/// containerd's log (where the shim's log goes).
+fn checkpoint_timings(e: &Env, id: &str) -> Vec<String> {
+    e.c.log()
+        .lines()
+        .filter(|l| l.contains("chalk-timing op=checkpoint ") && l.contains(&format!(" id={id} ")))
+        .map(String::from)
+        .collect()
+}
+
+/// The bytes of memory the `nth` checkpoint of `id` took from the pages file the sandbox
+/// maps, rather than have runsc write them.
+fn from_base_bytes(e: &Env, id: &str, nth: usize) -> Result<u64, Failed> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(line) = checkpoint_timings(e, id).get(nth) {
+            return line
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix("from_base_bytes="))
+                .and_then(|v| v.trim_end_matches('"').parse().ok())
+                .ok_or_else(|| Failed::from(format!("no from_base_bytes in {line}")));
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no checkpoint {nth} of {id} in the shim's log"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn a_snapshot_of_a_fork_writes_only_what_it_changed(e: &Env) -> TestResult {
+    const CHANGE: u64 = 16;
+    let src = "cowd-src";
+    let (fork, child, grandchild) = ("cwd", "cwd-c", "cwd-g");
+    let ids = [src, fork, child, grandchild];
+    for id in ids {
+        e.remove(id);
+    }
+    let mut snapshots = Vec::new();
+    let result = (|| {
+        let (mb, change) = (MB.to_string(), CHANGE.to_string());
+        let mut args = vec!["--output", "json"];
+        args.extend(memfill::run_args(src, &[&mb, &change]));
+        let out = e.chalkctl(&args);
+        ensure!(out.code == 0, "run {src}: {out:?}");
+        wait_for(e, src, "/tmp/ready", Duration::from_secs(120), |s| {
+            s == "ready"
+        })?;
+        e.chalkctl_json(&["fork", "--id", src, "--fork-id", fork])?;
+        // Two rounds: the fork changes 16 MB, is snapshotted running, and each snapshot is
+        // forked again. Both are deltas against the pages the fork maps (its parent's).
+        for (round, restored) in [(1, child), (2, grandchild)] {
+            sh(e, fork, "rm -f /tmp/rewritten; kill -USR2 1")?;
+            wait_for(e, fork, "/tmp/rewritten", Duration::from_secs(120), |s| {
+                s.starts_with(&format!("{round} "))
+            })?;
+            let snap = e.snapshot_of(fork)?;
+            snapshots.push(snap.clone());
+            let from_base = from_base_bytes(e, fork, round - 1)?;
+            ensure!(
+                from_base >= (MB - CHANGE - 8) << 20,
+                "snapshot {round} of a fork that changed {CHANGE} of {MB} MB took only \
+                 {from_base} bytes from the pages it maps: runsc wrote the rest"
+            );
+            // The fork runs on, its memory as it was, still shared.
+            let v = verify(e, fork)?;
+            ensure!(
+                v == format!("ok {round}"),
+                "{fork} after snapshot {round}: {v}"
+            );
+            e.chalkctl_json(&["fork", "--snapshot-id", &snap, "--fork-id", restored])?;
+            let v = verify(e, restored)?;
+            ensure!(
+                v == format!("ok {round}"),
+                "{restored}, from snapshot {round}: {v}"
+            );
+        }
+        let v = verify(e, src)?;
+        ensure!(v == "ok 0", "{src}: {v}");
         Ok(())
     })();
     e.conclude(result, &ids, &snapshots)
