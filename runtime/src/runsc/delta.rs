@@ -156,8 +156,9 @@ pub fn assemble(dir: &Path, base: &Path) -> Result<Runs> {
         len(&delta_file, &delta_path)?,
         len(&base_file, base)?,
     )?;
-    let out_path = dir.join(PAGES_FILE);
-    let part = dir.join("pages.img.part");
+    // Written in place, in increasing offsets as runsc writes: the seal's follower hashes it
+    // as it grows (`snapshot::follow`).
+    let part = dir.join(PAGES_FILE);
     let written = (|| {
         let out = OpenOptions::new()
             .write(true)
@@ -178,8 +179,7 @@ pub fn assemble(dir: &Path, base: &Path) -> Result<Runs> {
             copy_range(from, at, &out, &mut out_at, len)
                 .map_err(|e| Error::io(format!("write {}", part.display()), e))?;
         }
-        std::fs::rename(&part, &out_path)
-            .map_err(|e| Error::io(format!("rename {}", part.display()), e))
+        Ok(())
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&part);
