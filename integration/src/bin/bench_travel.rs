@@ -614,8 +614,10 @@ fn write_report(o: &Opts, sections: &[(u64, Samples)]) -> Result<(), String> {
         "A runsc without `restore --background` (Debian's 2022 build) cannot start before \
          pages.img is all there: its pulls fetch everything, with or without `--whole`."
             .into(),
-        "A file is one blob: the second push re-sends every file that changed by one byte \
-         (pages.img changes whenever any page does)."
+        "Memory travels as pieces (`[snapshot] push_pieces`, the default): a push sends the \
+         pages the registry lacks, zstd-compressed in a pack, and a pull fetches the pieces by \
+         range. The memfill data is random, so it does not compress; the second push sends \
+         what changed between the two snapshots. The state files are still one blob each."
             .into(),
     ];
     let text = report::render(&meta, &[], &tables, None, &notes).replacen(

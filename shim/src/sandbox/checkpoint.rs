@@ -521,7 +521,14 @@ fn checkpoint_to(c: &Container, dir: &Path, leave_running: bool) -> chalk_runtim
     let runsc = started.elapsed();
     let (mut from_base, mut assembled) = (0, Duration::ZERO);
     if let Some(base) = base {
-        let runs = delta::assemble(dir, &base)?;
+        let runs = delta::assemble(dir, &base).map_err(|e| chalk_runtime::Error::Snapshot {
+            dir: dir.to_path_buf(),
+            message: format!(
+                "runsc wrote a delta checkpoint against {}, but its pages.img could not be put \
+                 together from it: {e}",
+                base.display()
+            ),
+        })?;
         assembled = started.elapsed() - runsc;
         from_base = runs.from_base();
         log::info!(
