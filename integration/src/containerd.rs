@@ -444,6 +444,44 @@ impl Containerd {
         fs::read_to_string(self.dir().join("containerd.log")).unwrap_or_default()
     }
 
+    /// The shim's `chalk-timing` figures of its `nth` (from 0) `op` of container `id`, from
+    /// this containerd's log (where shim logs go, a moment after the fact), waiting up to
+    /// `within` for the line.
+    pub fn chalk_timing(
+        &self,
+        op: &str,
+        id: &str,
+        nth: usize,
+        within: std::time::Duration,
+    ) -> Option<std::collections::HashMap<String, f64>> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let log = self.log();
+            let line = log
+                .lines()
+                .filter(|l| {
+                    l.contains(&format!("chalk-timing op={op} "))
+                        && l.contains(&format!(" id={id} "))
+                })
+                .nth(nth);
+            if let Some(line) = line {
+                let body = line.split("chalk-timing ").nth(1)?.trim_end_matches('"');
+                return Some(
+                    body.split_whitespace()
+                        .filter_map(|kv| {
+                            let (k, v) = kv.split_once('=')?;
+                            Some((k.to_string(), v.trim_end_matches('"').parse().ok()?))
+                        })
+                        .collect(),
+                );
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// A `ctr` command bound to this containerd and namespace.
     pub fn ctr_command(&self) -> Command {
         let mut cmd = Command::new(&self.ctr);

@@ -182,34 +182,16 @@ fn a_snapshot_of_a_fork_restores_and_shares(e: &Env) -> TestResult {
     e.conclude(result, &ids, &snapshots)
 }
 
-/// The shim's `chalk-timing op=checkpoint` figures of `id`'s checkpoints, in order, from
-/// containerd's log (where the shim's log goes).
-fn checkpoint_timings(e: &Env, id: &str) -> Vec<String> {
-    e.c.log()
-        .lines()
-        .filter(|l| l.contains("chalk-timing op=checkpoint ") && l.contains(&format!(" id={id} ")))
-        .map(String::from)
-        .collect()
-}
-
 /// The bytes of memory the `nth` checkpoint of `id` took from the pages file the sandbox
-/// maps, rather than have runsc write them.
+/// maps, rather than have runsc write them (the shim's `chalk-timing op=checkpoint`).
 fn from_base_bytes(e: &Env, id: &str, nth: usize) -> Result<u64, Failed> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(line) = checkpoint_timings(e, id).get(nth) {
-            return line
-                .split_whitespace()
-                .find_map(|kv| kv.strip_prefix("from_base_bytes="))
-                .and_then(|v| v.trim_end_matches('"').parse().ok())
-                .ok_or_else(|| Failed::from(format!("no from_base_bytes in {line}")));
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "no checkpoint {nth} of {id} in the shim's log"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let t = e
+        .c
+        .chalk_timing("checkpoint", id, nth, Duration::from_secs(10))
+        .ok_or_else(|| Failed::from(format!("no checkpoint {nth} of {id} in the shim's log")))?;
+    t.get("from_base_bytes")
+        .map(|&b| b as u64)
+        .ok_or_else(|| Failed::from(format!("no from_base_bytes in checkpoint {nth} of {id}")))
 }
 
 fn a_snapshot_of_a_fork_writes_only_what_it_changed(e: &Env) -> TestResult {

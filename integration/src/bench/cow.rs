@@ -140,15 +140,20 @@ fn snapshot_of(chalk: &ViaCtr, kind: Kind, mb: u64, id: &str) -> Result<String, 
 /// snapshot's digest.
 fn snapshot_running(chalk: &ViaCtr, cmd: &[String], id: &str) -> Result<String, String> {
     chalk.remove(id);
-    let mut args = vec!["run", "--net", "none", MEMFILL_IMAGE, id, "--"];
-    args.extend(cmd.iter().map(String::as_str));
     let made = (|| {
-        chalk.chalkctl(&args)?;
-        chalk.wait_file(id, "/tmp/ready", Duration::from_secs(1800))?;
+        start_memfill(chalk, cmd, id, Duration::from_secs(1800))?;
         Ok::<_, String>(chalk.snapshot(id)?.1)
     })();
     chalk.remove(id);
     made
+}
+
+/// Runs `cmd` in the memfill image as `id`, and waits up to `within` until it is ready.
+fn start_memfill(chalk: &ViaCtr, cmd: &[String], id: &str, within: Duration) -> Result<(), String> {
+    let mut args = vec!["run", "--net", "none", MEMFILL_IMAGE, id, "--"];
+    args.extend(cmd.iter().map(String::as_str));
+    chalk.chalkctl(&args)?;
+    chalk.wait_file(id, "/tmp/ready", within)
 }
 
 /// The ids chalkctl gives `count` forks named `prefix`.
@@ -311,20 +316,7 @@ fn rewrite_rows(pair: &Pair, mb: u64, reps: usize, rows: &mut Vec<Row>) -> Resul
                 let start = Instant::now();
                 let result = (|| {
                     fork(chalk, &digest, &id, 1)?;
-                    let signal = chalk.c.ctr([
-                        "task",
-                        "exec",
-                        "--exec-id",
-                        "usr2",
-                        &id,
-                        "kill",
-                        "-USR2",
-                        "1",
-                    ]);
-                    if signal.code != 0 {
-                        return Err(format!("{id}: kill -USR2 1: {signal:?}"));
-                    }
-                    chalk.wait_file(&id, "/tmp/rewritten", Duration::from_secs(600))?;
+                    rewrite(chalk, &id)?;
                     let out = chalk.c.ctr([
                         "task",
                         "exec",
@@ -424,11 +416,12 @@ fn delta_rows(
         chalk.delete_snapshot(&digest);
         let small = "cowd-small";
         let alone = (|| {
-            let mut args = vec!["run", "--net", "none", MEMFILL_IMAGE, small, "--"];
-            let cmd = memfill::command(change);
-            args.extend(cmd.iter().map(String::as_str));
-            chalk.chalkctl(&args)?;
-            chalk.wait_file(small, "/tmp/ready", Duration::from_secs(600))?;
+            start_memfill(
+                chalk,
+                &memfill::command(change),
+                small,
+                Duration::from_secs(600),
+            )?;
             snapshot_pauses(chalk, small, reps, || Ok(()))
         })();
         chalk.remove(small);

@@ -206,39 +206,14 @@ impl<'a> ViaCtr<'a> {
     }
 
     /// The shim's `chalk-timing` figures (milliseconds) of its `nth` (from 0) `op` of container
-    /// `id`, from containerd's log (where shim logs go, a moment after the fact).
+    /// `id` (see [`crate::Containerd::chalk_timing`]).
     pub fn timing(
         &self,
         op: &str,
         id: &str,
         nth: usize,
     ) -> Option<std::collections::HashMap<String, f64>> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let log = self.c.log();
-            let line = log
-                .lines()
-                .filter(|l| {
-                    l.contains(&format!("chalk-timing op={op} "))
-                        && l.contains(&format!(" id={id} "))
-                })
-                .nth(nth);
-            if let Some(line) = line {
-                let body = line.split("chalk-timing ").nth(1)?.trim_end_matches('"');
-                return Some(
-                    body.split_whitespace()
-                        .filter_map(|kv| {
-                            let (k, v) = kv.split_once('=')?;
-                            Some((k.to_string(), v.trim_end_matches('"').parse().ok()?))
-                        })
-                        .collect(),
-                );
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.c.chalk_timing(op, id, nth, Duration::from_secs(30))
     }
 
     /// How long after running the `nth` restore of `id` was fully loaded (0 when eager).

@@ -26,7 +26,8 @@ use crate::{Error, Result};
 
 pub const DELTA_FILE: &str = "pages_delta.img";
 pub const RUNS_FILE: &str = "pages_runs.json";
-const PAGES_FILE: &str = "pages.img";
+/// The memory file of an ordinary image, which [`assemble`] writes.
+pub const PAGES_FILE: &str = "pages.img";
 const PAGE: u64 = 4096;
 /// The largest runs file read: runs are about as many as the sandbox's memory mappings.
 const MAX_RUNS_BYTES: u64 = 64 << 20;

@@ -555,7 +555,7 @@ fn checkpoint_to(c: &Container, dir: &Path, leave_running: bool) -> chalk_runtim
 fn delta_base(c: &Container) -> Option<PathBuf> {
     let from = c.restore_from.as_ref()?;
     (from.memory.share_pages && c.features.checkpoint_base_pages())
-        .then(|| from.dir.join("pages.img"))
+        .then(|| from.dir.join(delta::PAGES_FILE))
 }
 
 /// Runs the hooks of `stage` with the sandbox running.
