@@ -249,12 +249,21 @@ impl Followed {
     /// The seal waits on this, and once runsc has ended the host's cores are free: on two
     /// cores it takes half as long as one pass feeding both.
     fn finish_until(&mut self, until: u64, path: &Path) -> Result<()> {
+        if self.pieces.is_none() {
+            let mut buf = vec![0u8; READ_BUF];
+            return self
+                .read_until(until, &mut buf, path, &AtomicBool::new(false))
+                .map(drop);
+        }
         let Followed {
             file,
             hasher,
-            pieces,
+            pieces: Some(pieces),
             offset,
-        } = self;
+        } = self
+        else {
+            unreachable!("checked above")
+        };
         let start = *offset;
         let feed = |update: &mut dyn FnMut(&[u8])| -> Result<()> {
             let mut buf = vec![0u8; READ_BUF];
@@ -267,20 +276,17 @@ impl Followed {
             }
             Ok(())
         };
-        match pieces {
-            None => feed(&mut |b| hasher.update(b))?,
-            Some(pieces) => std::thread::scope(|s| {
-                let other = s.spawn(|| feed(&mut |b| pieces.update(b)));
-                let mine = feed(&mut |b| hasher.update(b));
-                let other = other.join().unwrap_or_else(|_| {
-                    Err(Error::io(
-                        format!("hash {}", path.display()),
-                        std::io::Error::other("the piece-hashing thread panicked"),
-                    ))
-                });
-                mine.and(other)
-            })?,
-        }
+        std::thread::scope(|s| {
+            let other = s.spawn(|| feed(&mut |b| pieces.update(b)));
+            let mine = feed(&mut |b| hasher.update(b));
+            let other = other.join().unwrap_or_else(|_| {
+                Err(Error::io(
+                    format!("hash {}", path.display()),
+                    std::io::Error::other("the piece-hashing thread panicked"),
+                ))
+            });
+            mine.and(other)
+        })?;
         *offset = until.max(start);
         Ok(())
     }
